@@ -1,0 +1,143 @@
+"""Frozen values of the profile refresh capability (seed 000)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+RequestKind = Literal["learning", "native", "inventory_change"]
+
+# seed 000: "fixed server-owned source/reason identifiers" (the migration's CHECK
+# admits exactly these for inventory work).
+INVENTORY_SOURCE = "inventory_revision"
+INVENTORY_REASON = "inventory_changed"
+BACKFILL_REASON = "analyst_backfill"
+NATIVE_SOURCE = "native_policy"
+NATIVE_REASON = "profile_age"
+LEARNING_SOURCE = "learning"
+LEARNING_REASON = "learning_update"
+
+# seed 000: "select the oldest 25 candidates".
+PLANNER_BATCH = 25
+
+
+@dataclass(frozen=True)
+class RefreshPolicy:
+    """Timing and bounds of planning, leases, retries and compaction."""
+
+    lease_seconds: int = 300
+    retry_seconds: int = 30
+    circuit_probe_seconds: int = 7200
+    native_max_age_seconds: int = 86400
+    planner_passes: int = 20
+    claim_batch: int = 100
+    retention_days: int = 30
+    compaction_batch: int = 1000
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    request_id: int
+    library_id: int
+    kind: RequestKind
+    inventory_revision: int | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one planning tick did."""
+
+    expired: int
+    inventory: tuple[PlannedRequest, ...]
+    native: tuple[PlannedRequest, ...]
+
+    @property
+    def planned(self) -> int:
+        return len(self.inventory) + len(self.native)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One request held under a lease token."""
+
+    request_id: int
+    library_id: int
+    kind: RequestKind
+    inventory_revision: int | None
+    attempt: int
+    lease_token: UUID
+    lease_expires_at: datetime
+
+
+@dataclass(frozen=True)
+class ClaimBatch:
+    lease_token: UUID
+    claims: tuple[Claim, ...]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """The projection of one library read in one snapshot with its revision."""
+
+    library_id: int
+    revision: int
+    columns: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...]
+
+
+Outcome = Literal["published", "removed", "lost", "failed"]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The result of processing one claim."""
+
+    request_id: int
+    library_id: int
+    kind: RequestKind
+    outcome: Outcome
+    claimed_revision: int | None
+    observed_revision: int
+    acknowledged_revision: int | None
+    revision: int | None
+    item_count: int
+    profile: dict[str, Any] | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class BackfillRequest:
+    request_id: int
+    library_id: int
+    enqueued: bool
+
+
+@dataclass(frozen=True)
+class ProfileStatus:
+    library_id: int
+    revision: int
+    acknowledged_revision: int
+    profile_revision: int | None
+    item_count: int | None
+    items: int
+
+    @property
+    def current(self) -> bool:
+        """Acknowledged up to the revision, and the stored profile matches the inventory."""
+        if self.acknowledged_revision < self.revision:
+            return False
+        if self.items == 0:
+            return self.profile_revision is None
+        return self.profile_revision is not None and self.item_count == self.items
+
+
+@dataclass(frozen=True)
+class QueueOverview:
+    dirty: int
+    pending: int
+    claimable: int
+    running: int
+    failed: int
+    oldest_dirty_since: datetime | None

@@ -1,0 +1,323 @@
+-- Every statement of the inventory-driven profile refresh (seed 000).
+-- Lock order everywhere: library_inventory_state rows (in library-id order), then
+-- profile_refresh_requests rows.
+
+-- name: expire_leases
+-- A running request whose lease ran out goes back to pending (or fails for good on its
+-- last attempt). The database, not Dagster, decides that a run worker is gone.
+UPDATE profile_refresh_requests r
+SET status = CASE WHEN r.attempts >= r.max_attempts THEN 'failed' ELSE 'pending' END,
+    finished_at = CASE WHEN r.attempts >= r.max_attempts THEN now() END,
+    available_at = now() + make_interval(secs => %(retry_seconds)s * 2 ^ (r.attempts - 1)),
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    last_error = 'lease_expired'
+FROM (
+    SELECT id FROM profile_refresh_requests
+    WHERE status = 'running' AND lease_expires_at <= now()
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+) AS expired
+WHERE r.id = expired.id
+RETURNING r.id, r.library_id, r.status;
+
+-- name: plan_inventory_requests
+-- seed 000: select the oldest 25 dirty active-library candidates, then lock them in
+-- library-id order with SKIP LOCKED, and queue one inventory_change request each at
+-- the revision seen under the lock. Libraries with active work, or whose latest
+-- terminal request failed within the circuit probe interval, wait.
+WITH candidate AS (
+    SELECT s.library_id
+    FROM library_inventory_state s
+    JOIN libraries l ON l.id = s.library_id
+    JOIN media_servers m ON m.id = l.server_id
+    WHERE s.revision > s.acknowledged_revision
+      AND l.active
+      AND m.active
+      AND NOT EXISTS (
+          SELECT 1 FROM profile_refresh_requests a
+          WHERE a.library_id = s.library_id AND a.status IN ('pending', 'running')
+      )
+      AND NOT EXISTS (
+          SELECT 1
+          FROM (
+              SELECT t.status, t.finished_at FROM profile_refresh_requests t
+              WHERE t.library_id = s.library_id AND t.status IN ('succeeded', 'failed')
+              ORDER BY t.id DESC
+              LIMIT 1
+          ) AS latest
+          WHERE latest.status = 'failed'
+            AND latest.finished_at > now() - make_interval(secs => %(circuit_probe_seconds)s)
+      )
+    ORDER BY s.dirty_since, s.library_id
+    LIMIT %(limit)s
+),
+locked AS (
+    SELECT s.library_id, s.revision
+    FROM library_inventory_state s
+    WHERE s.library_id IN (SELECT library_id FROM candidate)
+      AND s.revision > s.acknowledged_revision
+    ORDER BY s.library_id
+    FOR UPDATE OF s SKIP LOCKED
+)
+INSERT INTO profile_refresh_requests (library_id, kind, source, reason, inventory_revision)
+SELECT locked.library_id, 'inventory_change', %(source)s, %(reason)s, locked.revision
+FROM locked
+ORDER BY locked.library_id
+ON CONFLICT (library_id) WHERE status IN ('pending', 'running') DO NOTHING
+RETURNING id, library_id, inventory_revision;
+
+-- name: plan_native_requests
+-- The existing native-policy discovery: nonempty active libraries with an enabled
+-- policy and active intent whose profile is missing or older than the native age.
+INSERT INTO profile_refresh_requests (library_id, kind, source, reason)
+SELECT l.id, 'native', %(source)s, %(reason)s
+FROM libraries l
+JOIN media_servers m ON m.id = l.server_id
+JOIN library_policies p ON p.library_id = l.id
+LEFT JOIN library_profiles pr ON pr.library_id = l.id
+WHERE l.active
+  AND m.active
+  AND p.enabled
+  AND p.intent = 'active'
+  AND EXISTS (SELECT 1 FROM media_server_items i WHERE i.library_id = l.id)
+  AND (pr.library_id IS NULL
+       OR pr.generated_at < now() - make_interval(secs => %(native_max_age_seconds)s))
+  AND NOT EXISTS (
+      SELECT 1 FROM profile_refresh_requests a
+      WHERE a.library_id = l.id AND a.status IN ('pending', 'running')
+  )
+  AND NOT EXISTS (
+      SELECT 1
+      FROM (
+          SELECT t.status, t.finished_at FROM profile_refresh_requests t
+          WHERE t.library_id = l.id AND t.status IN ('succeeded', 'failed')
+          ORDER BY t.id DESC
+          LIMIT 1
+      ) AS latest
+      WHERE latest.status = 'failed'
+        AND latest.finished_at > now() - make_interval(secs => %(circuit_probe_seconds)s)
+  )
+ORDER BY l.id
+LIMIT %(limit)s
+ON CONFLICT (library_id) WHERE status IN ('pending', 'running') DO NOTHING
+RETURNING id, library_id;
+
+-- name: request_learning_refresh
+-- The learning flow's entry point: a refresh carrying its learning identifiers.
+INSERT INTO profile_refresh_requests
+    (library_id, kind, source, reason, learning_id, classification_id, candidate_id)
+VALUES (%(library_id)s, 'learning', %(source)s, %(reason)s,
+        %(learning_id)s, %(classification_id)s, %(candidate_id)s)
+ON CONFLICT (library_id) WHERE status IN ('pending', 'running') DO NOTHING
+RETURNING id;
+
+-- name: lock_states
+-- An analyst's backfill locks the libraries' states in library-id order (waiting, not
+-- skipping: the analyst asked for these libraries) before touching their requests.
+SELECT s.library_id, s.revision, s.acknowledged_revision, l.active AND m.active AS active
+FROM library_inventory_state s
+JOIN libraries l ON l.id = s.library_id
+JOIN media_servers m ON m.id = l.server_id
+WHERE s.library_id = ANY (%(library_ids)s)
+ORDER BY s.library_id
+FOR UPDATE OF s;
+
+-- name: request_backfill
+-- Enqueue an inventory_change at the current revision, or join the active request.
+WITH inserted AS (
+    INSERT INTO profile_refresh_requests (library_id, kind, source, reason, inventory_revision)
+    SELECT s.library_id, 'inventory_change', %(source)s, %(reason)s, s.revision
+    FROM library_inventory_state s
+    WHERE s.library_id = ANY (%(library_ids)s) AND s.revision > 0
+    ORDER BY s.library_id
+    ON CONFLICT (library_id) WHERE status IN ('pending', 'running') DO NOTHING
+    RETURNING id, library_id
+)
+SELECT id, library_id, true AS enqueued FROM inserted
+UNION ALL
+SELECT r.id, r.library_id, false AS enqueued
+FROM profile_refresh_requests r
+WHERE r.library_id = ANY (%(library_ids)s)
+  AND r.status IN ('pending', 'running')
+  AND r.library_id NOT IN (SELECT library_id FROM inserted);
+
+-- name: claim_requests
+-- Claim a batch under one lease token. seed 000: new claims pause while a library
+-- (or its server) is inactive; its running work can finish.
+WITH next AS (
+    SELECT r.id
+    FROM profile_refresh_requests r
+    JOIN libraries l ON l.id = r.library_id
+    JOIN media_servers m ON m.id = l.server_id
+    WHERE r.status = 'pending'
+      AND l.active
+      AND m.active
+      -- Named requests (an analyst's backfill) are claimed at once, even in backoff.
+      AND CASE WHEN %(request_ids)s::bigint[] IS NULL THEN r.available_at <= now()
+               ELSE r.id = ANY (%(request_ids)s::bigint[]) END
+    ORDER BY r.available_at, r.id
+    LIMIT %(limit)s
+    FOR UPDATE OF r SKIP LOCKED
+)
+UPDATE profile_refresh_requests r
+SET status = 'running',
+    attempts = r.attempts + 1,
+    lease_token = %(lease_token)s,
+    lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+    started_at = now()
+FROM next
+WHERE r.id = next.id
+RETURNING r.id, r.library_id, r.kind, r.inventory_revision, r.attempts, r.lease_token,
+          r.lease_expires_at;
+
+-- name: claims_by_token
+-- The live claims of one lease token (a run receives only the token).
+SELECT id, library_id, kind, inventory_revision, attempts, lease_token, lease_expires_at
+FROM profile_refresh_requests
+WHERE lease_token = %(lease_token)s AND status = 'running' AND lease_expires_at > now()
+ORDER BY library_id;
+
+-- name: read_revision
+-- Read in the same REPEATABLE READ snapshot as the observation: the revision the
+-- generated profile reflects.
+SELECT revision FROM library_inventory_state WHERE library_id = %(library_id)s;
+
+-- name: read_observation
+-- The profile reader: the shared projection of every item of one library.
+SELECT o.provider, o.provider_kind, o.rating::double precision AS rating, o.genres,
+       o.primary_studio, o.original_language
+FROM media_server_items i
+CROSS JOIN LATERAL (SELECT (inventory_observation_of(i)).*) AS o
+WHERE i.library_id = %(library_id)s;
+
+-- name: complete_claim
+-- seed 000: complete the claim and acknowledge exactly its requested revision in one
+-- statement, with GREATEST so a late claim cannot move acknowledgement backwards. A
+-- lost claim (other token, expired lease, not running) matches no row and changes
+-- nothing. The state row is locked first (lock order state -> request). Publication or
+-- the guarded deletion of an empty library's profile happens only with the claim.
+WITH state AS (
+    SELECT s.library_id FROM library_inventory_state s
+    WHERE s.library_id = %(library_id)s
+    FOR UPDATE
+),
+done AS (
+    UPDATE profile_refresh_requests r
+    SET status = 'succeeded',
+        finished_at = now(),
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        last_error = NULL
+    WHERE r.id = %(request_id)s
+      AND r.library_id = (SELECT library_id FROM state)
+      AND r.status = 'running'
+      AND r.lease_token = %(lease_token)s
+      AND r.lease_expires_at > now()
+    RETURNING r.library_id, r.kind, r.inventory_revision
+),
+acknowledged AS (
+    UPDATE library_inventory_state s
+    SET acknowledged_revision = GREATEST(s.acknowledged_revision, done.inventory_revision),
+        acknowledged_at = now(),
+        dirty_since = CASE
+            WHEN GREATEST(s.acknowledged_revision, done.inventory_revision) >= s.revision
+            THEN NULL ELSE s.dirty_since END
+    FROM done
+    WHERE done.kind = 'inventory_change' AND s.library_id = done.library_id
+    RETURNING s.acknowledged_revision, s.revision
+),
+published AS (
+    INSERT INTO library_profiles AS p (library_id, inventory_revision, item_count, profile, generated_at)
+    SELECT done.library_id, %(observed_revision)s, %(item_count)s, %(profile)s, now()
+    FROM done
+    WHERE %(item_count)s > 0
+    ON CONFLICT (library_id) DO UPDATE
+    SET inventory_revision = EXCLUDED.inventory_revision,
+        item_count = EXCLUDED.item_count,
+        profile = EXCLUDED.profile,
+        generated_at = EXCLUDED.generated_at
+    WHERE p.inventory_revision <= EXCLUDED.inventory_revision
+    RETURNING p.library_id
+),
+removed AS (
+    DELETE FROM library_profiles p
+    USING done
+    WHERE %(item_count)s = 0
+      AND p.library_id = done.library_id
+      AND p.inventory_revision <= %(observed_revision)s
+    RETURNING p.library_id
+)
+SELECT done.library_id,
+       (SELECT acknowledged_revision FROM acknowledged) AS acknowledged_revision,
+       (SELECT revision FROM acknowledged) AS revision,
+       EXISTS (SELECT 1 FROM published) AS published,
+       EXISTS (SELECT 1 FROM removed) AS removed
+FROM done;
+
+-- name: fail_claim
+-- A failed attempt: retry with doubling backoff, or fail for good on the last attempt.
+-- Only the current lease holder can record it.
+UPDATE profile_refresh_requests r
+SET status = CASE WHEN r.attempts >= r.max_attempts THEN 'failed' ELSE 'pending' END,
+    finished_at = CASE WHEN r.attempts >= r.max_attempts THEN now() END,
+    available_at = now() + make_interval(secs => %(retry_seconds)s * 2 ^ (r.attempts - 1)),
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    last_error = %(error)s
+WHERE r.id = %(request_id)s AND r.status = 'running' AND r.lease_token = %(lease_token)s
+RETURNING r.status, r.attempts;
+
+-- name: request_outcomes
+-- Where the requests of a backfill stand.
+SELECT id, library_id, status, lease_expires_at, last_error
+FROM profile_refresh_requests
+WHERE id = ANY (%(request_ids)s)
+ORDER BY id;
+
+-- name: compact_requests
+-- seed 000: terminal requests older than the retention, in bounded batches, keeping
+-- the latest record per library (its cooldown) and never touching active work.
+WITH doomed AS (
+    SELECT r.id
+    FROM profile_refresh_requests r
+    WHERE r.status IN ('succeeded', 'failed')
+      AND r.finished_at < now() - make_interval(days => %(retention_days)s)
+      AND EXISTS (
+          SELECT 1 FROM profile_refresh_requests newer
+          WHERE newer.library_id = r.library_id AND newer.id > r.id
+      )
+    ORDER BY r.finished_at, r.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM profile_refresh_requests r
+USING doomed
+WHERE r.id = doomed.id;
+
+-- name: library_ids
+-- Partition keys: every library, in id order.
+SELECT id FROM libraries ORDER BY id;
+
+-- name: profile_status
+-- Is each library's profile current with its revision?
+SELECT s.library_id, s.revision, s.acknowledged_revision,
+       p.inventory_revision AS profile_revision, p.item_count, p.generated_at,
+       (SELECT count(*) FROM media_server_items i WHERE i.library_id = s.library_id) AS items
+FROM library_inventory_state s
+LEFT JOIN library_profiles p ON p.library_id = s.library_id
+WHERE s.library_id = ANY (%(library_ids)s)
+ORDER BY s.library_id;
+
+-- name: queue_overview
+-- Figures for `inventory-pipeline status` and sensor metadata.
+SELECT
+    (SELECT count(*) FROM library_inventory_state WHERE revision > acknowledged_revision) AS dirty,
+    (SELECT count(*) FROM profile_refresh_requests WHERE status = 'pending') AS pending,
+    (SELECT count(*) FROM profile_refresh_requests
+      WHERE status = 'pending' AND available_at <= now()) AS claimable,
+    (SELECT count(*) FROM profile_refresh_requests WHERE status = 'running') AS running,
+    (SELECT count(*) FROM profile_refresh_requests WHERE status = 'failed') AS failed,
+    (SELECT min(dirty_since) FROM library_inventory_state
+      WHERE revision > acknowledged_revision) AS oldest_dirty_since;

@@ -1,0 +1,238 @@
+"""Runs the named statements of `queries.sql` and turns rows into frozen values."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID
+
+from inventory_pipeline.db import (
+    Connection,
+    Row,
+    execute,
+    fetch_all,
+    fetch_one,
+    fetch_tuples,
+    jsonb,
+)
+from inventory_pipeline.db.queries import load_queries
+from inventory_pipeline.profiles.models import (
+    BACKFILL_REASON,
+    INVENTORY_REASON,
+    INVENTORY_SOURCE,
+    LEARNING_REASON,
+    LEARNING_SOURCE,
+    NATIVE_REASON,
+    NATIVE_SOURCE,
+    BackfillRequest,
+    Claim,
+    PlannedRequest,
+    ProfileStatus,
+    QueueOverview,
+    RefreshPolicy,
+)
+
+QUERIES = load_queries("inventory_pipeline.profiles")
+
+
+def _claim(row: Row) -> Claim:
+    return Claim(
+        request_id=row["id"],
+        library_id=row["library_id"],
+        kind=row["kind"],
+        inventory_revision=row["inventory_revision"],
+        attempt=row["attempts"],
+        lease_token=row["lease_token"],
+        lease_expires_at=row["lease_expires_at"],
+    )
+
+
+def expire_leases(conn: Connection, policy: RefreshPolicy, limit: int = 1000) -> int:
+    rows = fetch_all(
+        conn,
+        QUERIES["expire_leases"],
+        {"retry_seconds": policy.retry_seconds, "limit": limit},
+    )
+    return len(rows)
+
+
+def plan_inventory_requests(
+    conn: Connection, policy: RefreshPolicy, limit: int
+) -> list[PlannedRequest]:
+    rows = fetch_all(
+        conn,
+        QUERIES["plan_inventory_requests"],
+        {
+            "limit": limit,
+            "circuit_probe_seconds": policy.circuit_probe_seconds,
+            "source": INVENTORY_SOURCE,
+            "reason": INVENTORY_REASON,
+        },
+    )
+    return [
+        PlannedRequest(r["id"], r["library_id"], "inventory_change", r["inventory_revision"])
+        for r in rows
+    ]
+
+
+def plan_native_requests(
+    conn: Connection, policy: RefreshPolicy, limit: int
+) -> list[PlannedRequest]:
+    rows = fetch_all(
+        conn,
+        QUERIES["plan_native_requests"],
+        {
+            "limit": limit,
+            "circuit_probe_seconds": policy.circuit_probe_seconds,
+            "native_max_age_seconds": policy.native_max_age_seconds,
+            "source": NATIVE_SOURCE,
+            "reason": NATIVE_REASON,
+        },
+    )
+    return [PlannedRequest(r["id"], r["library_id"], "native", None) for r in rows]
+
+
+def request_learning_refresh(
+    conn: Connection,
+    library_id: int,
+    learning_id: int,
+    classification_id: int,
+    candidate_id: int | None,
+) -> int | None:
+    row = fetch_one(
+        conn,
+        QUERIES["request_learning_refresh"],
+        {
+            "library_id": library_id,
+            "learning_id": learning_id,
+            "classification_id": classification_id,
+            "candidate_id": candidate_id,
+            "source": LEARNING_SOURCE,
+            "reason": LEARNING_REASON,
+        },
+    )
+    return None if row is None else int(row["id"])
+
+
+def lock_states(conn: Connection, library_ids: Sequence[int]) -> list[Row]:
+    return fetch_all(conn, QUERIES["lock_states"], {"library_ids": list(library_ids)})
+
+
+def request_backfill(conn: Connection, library_ids: Sequence[int]) -> list[BackfillRequest]:
+    rows = fetch_all(
+        conn,
+        QUERIES["request_backfill"],
+        {
+            "library_ids": list(library_ids),
+            "source": INVENTORY_SOURCE,
+            "reason": BACKFILL_REASON,
+        },
+    )
+    return [BackfillRequest(r["id"], r["library_id"], r["enqueued"]) for r in rows]
+
+
+def claim_requests(
+    conn: Connection,
+    lease_token: UUID,
+    lease_seconds: int,
+    limit: int,
+    request_ids: Sequence[int] | None = None,
+) -> list[Claim]:
+    rows = fetch_all(
+        conn,
+        QUERIES["claim_requests"],
+        {
+            "lease_token": lease_token,
+            "lease_seconds": lease_seconds,
+            "limit": limit,
+            "request_ids": None if request_ids is None else list(request_ids),
+        },
+    )
+    return sorted((_claim(r) for r in rows), key=lambda c: c.library_id)
+
+
+def claims_by_token(conn: Connection, lease_token: UUID) -> list[Claim]:
+    rows = fetch_all(conn, QUERIES["claims_by_token"], {"lease_token": lease_token})
+    return [_claim(r) for r in rows]
+
+
+def read_revision(conn: Connection, library_id: int) -> int | None:
+    row = fetch_one(conn, QUERIES["read_revision"], {"library_id": library_id})
+    return None if row is None else int(row["revision"])
+
+
+def read_observation(
+    conn: Connection, library_id: int
+) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+    return fetch_tuples(conn, QUERIES["read_observation"], {"library_id": library_id})
+
+
+def complete_claim(
+    conn: Connection,
+    claim: Claim,
+    observed_revision: int,
+    item_count: int,
+    profile: dict[str, Any] | None,
+) -> Row | None:
+    return fetch_one(
+        conn,
+        QUERIES["complete_claim"],
+        {
+            "request_id": claim.request_id,
+            "library_id": claim.library_id,
+            "lease_token": claim.lease_token,
+            "observed_revision": observed_revision,
+            "item_count": item_count,
+            "profile": jsonb(profile if profile is not None else {}),
+        },
+    )
+
+
+def fail_claim(conn: Connection, claim: Claim, policy: RefreshPolicy, error: str) -> Row | None:
+    return fetch_one(
+        conn,
+        QUERIES["fail_claim"],
+        {
+            "request_id": claim.request_id,
+            "lease_token": claim.lease_token,
+            "retry_seconds": policy.retry_seconds,
+            "error": error,
+        },
+    )
+
+
+def request_outcomes(conn: Connection, request_ids: Sequence[int]) -> list[Row]:
+    return fetch_all(conn, QUERIES["request_outcomes"], {"request_ids": list(request_ids)})
+
+
+def compact_requests(conn: Connection, retention_days: int, limit: int) -> int:
+    return execute(
+        conn,
+        QUERIES["compact_requests"],
+        {"retention_days": retention_days, "limit": limit},
+    )
+
+
+def library_ids(conn: Connection) -> list[int]:
+    return [int(r["id"]) for r in fetch_all(conn, QUERIES["library_ids"])]
+
+
+def profile_status(conn: Connection, library_ids: Sequence[int]) -> list[ProfileStatus]:
+    rows = fetch_all(conn, QUERIES["profile_status"], {"library_ids": list(library_ids)})
+    return [
+        ProfileStatus(
+            library_id=r["library_id"],
+            revision=r["revision"],
+            acknowledged_revision=r["acknowledged_revision"],
+            profile_revision=r["profile_revision"],
+            item_count=r["item_count"],
+            items=r["items"],
+        )
+        for r in rows
+    ]
+
+
+def queue_overview(conn: Connection) -> QueueOverview:
+    row = fetch_one(conn, QUERIES["queue_overview"])
+    assert row is not None
+    return QueueOverview(**row)

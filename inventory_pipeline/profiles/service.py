@@ -1,0 +1,265 @@
+"""Every state transition of the profile refresh (seed 000): plan, claim, generate,
+complete-and-acknowledge, fail, backfill, compact.
+
+Functions take a connection in autocommit mode; each statement commits on its own
+unless a transaction is shown. No transaction is held while a profile is generated.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+from uuid import UUID, uuid4
+
+import pandas as pd
+
+from inventory_pipeline.db import Connection, DatabaseUnavailable, snapshot, transaction
+from inventory_pipeline.profiles import repository
+from inventory_pipeline.profiles.generator import frame_from_rows, generate_profile
+from inventory_pipeline.profiles.models import (
+    PLANNER_BATCH,
+    BackfillRequest,
+    Claim,
+    ClaimBatch,
+    Completion,
+    Observation,
+    Plan,
+    PlannedRequest,
+    ProfileStatus,
+    QueueOverview,
+    RefreshPolicy,
+)
+
+Generator = Callable[[pd.DataFrame], dict[str, Any]]
+
+
+class BackfillError(Exception):
+    """The backfill could not refresh every library it was asked for."""
+
+
+def plan(conn: Connection, policy: RefreshPolicy) -> Plan:
+    """One scheduler tick: recover expired leases, then queue dirty and native work.
+
+    Each planner pass is its own transaction bounded to 25 libraries (seed 000); a
+    tick runs passes until one comes back short, at most `policy.planner_passes`.
+    """
+    expired = repository.expire_leases(conn, policy)
+    inventory: list[PlannedRequest] = []
+    for _ in range(policy.planner_passes):
+        batch = repository.plan_inventory_requests(conn, policy, PLANNER_BATCH)
+        inventory.extend(batch)
+        if len(batch) < PLANNER_BATCH:
+            break
+    native = repository.plan_native_requests(conn, policy, PLANNER_BATCH)
+    return Plan(expired=expired, inventory=tuple(inventory), native=tuple(native))
+
+
+def claim(
+    conn: Connection,
+    policy: RefreshPolicy,
+    limit: int | None = None,
+    request_ids: Sequence[int] | None = None,
+) -> ClaimBatch:
+    """Claim up to `limit` claimable requests under one fresh lease token."""
+    token = uuid4()
+    claims = repository.claim_requests(
+        conn,
+        token,
+        policy.lease_seconds,
+        limit if limit is not None else policy.claim_batch,
+        request_ids,
+    )
+    return ClaimBatch(lease_token=token, claims=tuple(claims))
+
+
+def observe(conn: Connection, library_id: int) -> Observation:
+    """The library's projection and its revision, read in one snapshot.
+
+    The claim committed before this read, so the observation includes at least the
+    claimed revision (seed 000); later writes show up as a larger revision.
+    """
+    with snapshot(conn):
+        revision = repository.read_revision(conn, library_id)
+        columns, rows = repository.read_observation(conn, library_id)
+    return Observation(library_id, revision or 0, columns, tuple(rows))
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}"[:240]
+
+
+def process(
+    conn: Connection,
+    claim: Claim,
+    policy: RefreshPolicy,
+    generate: Generator = generate_profile,
+) -> Completion:
+    """Generate the claimed library's profile and complete the claim.
+
+    Generation runs even when the stored profile is young (seed 000). An empty library
+    completes with the guarded profile deletion and is acknowledged. A failure records
+    a retry (or the terminal failure on the last attempt); a lost claim changes nothing.
+    """
+    try:
+        observation = observe(conn, claim.library_id)
+        frame = frame_from_rows(observation.columns, observation.rows)
+        profile = generate(frame) if len(frame) else None
+    except DatabaseUnavailable:
+        raise  # nothing can be recorded; the lease expires and the request is retried
+    except Exception as exc:
+        error = _describe(exc)
+        repository.fail_claim(conn, claim, policy, error)
+        return Completion(
+            request_id=claim.request_id,
+            library_id=claim.library_id,
+            kind=claim.kind,
+            outcome="failed",
+            claimed_revision=claim.inventory_revision,
+            observed_revision=0,
+            acknowledged_revision=None,
+            revision=None,
+            item_count=0,
+            profile=None,
+            error=error,
+        )
+    item_count = len(observation.rows)
+    row = repository.complete_claim(conn, claim, observation.revision, item_count, profile)
+    if row is None:
+        outcome: Literal["published", "removed", "lost"] = "lost"
+    else:
+        outcome = "published" if item_count else "removed"
+    return Completion(
+        request_id=claim.request_id,
+        library_id=claim.library_id,
+        kind=claim.kind,
+        outcome=outcome,
+        claimed_revision=claim.inventory_revision,
+        observed_revision=observation.revision,
+        acknowledged_revision=None if row is None else row["acknowledged_revision"],
+        revision=None if row is None else row["revision"],
+        item_count=item_count,
+        profile=profile,
+    )
+
+
+def process_batch(
+    conn: Connection,
+    lease_token: UUID,
+    policy: RefreshPolicy,
+    generate: Generator = generate_profile,
+) -> list[Completion]:
+    """Process every live claim of one lease token (what a refresh run does)."""
+    return [
+        process(conn, c, policy, generate) for c in repository.claims_by_token(conn, lease_token)
+    ]
+
+
+@dataclass(frozen=True)
+class BackfillResult:
+    """Where one library of an analyst's backfill ended up."""
+
+    library_id: int
+    status: Literal["refreshed", "refreshed_elsewhere", "never_stocked", "inactive", "failed"]
+    completion: Completion | None = None
+    error: str | None = None
+
+
+def backfill(
+    conn: Connection,
+    library_ids: Sequence[int],
+    policy: RefreshPolicy,
+    wait_seconds: float | None = None,
+    generate: Generator = generate_profile,
+) -> list[BackfillResult]:
+    """An analyst's refresh of chosen libraries, through the outbox and lease path.
+
+    Enqueue an inventory_change at the current revision or join the library's active
+    request, claim what is pending, generate, acknowledge. A request held by another
+    worker is waited for until it finishes or its lease expires and it can be taken.
+    """
+    ids = sorted(set(library_ids))
+    with transaction(conn):
+        states = {row["library_id"]: row for row in repository.lock_states(conn, ids)}
+        requests = repository.request_backfill(conn, ids)
+    results: dict[int, BackfillResult] = {}
+    for library_id in ids:
+        state = states.get(library_id)
+        if state is None:
+            results[library_id] = BackfillResult(library_id, "failed", error="no such library")
+        elif not state["active"]:
+            results[library_id] = BackfillResult(library_id, "inactive", error="library inactive")
+        elif state["revision"] == 0:
+            results[library_id] = BackfillResult(library_id, "never_stocked")
+    waiting: dict[int, BackfillRequest] = {
+        r.request_id: r for r in requests if r.library_id not in results
+    }
+    deadline = time.monotonic() + (wait_seconds if wait_seconds is not None else
+                                   policy.lease_seconds + 30)
+    while waiting:
+        batch = claim(conn, policy, limit=len(waiting), request_ids=list(waiting))
+        for c in batch.claims:
+            completion = process(conn, c, policy, generate)
+            if completion.outcome in ("published", "removed"):
+                results[c.library_id] = BackfillResult(c.library_id, "refreshed", completion)
+                del waiting[c.request_id]
+        for row in repository.request_outcomes(conn, list(waiting)):
+            if row["status"] == "succeeded":
+                results[row["library_id"]] = BackfillResult(row["library_id"], "refreshed_elsewhere")
+                del waiting[row["id"]]
+            elif row["status"] == "failed":
+                results[row["library_id"]] = BackfillResult(
+                    row["library_id"], "failed", error=row["last_error"]
+                )
+                del waiting[row["id"]]
+        if not waiting:
+            break
+        if time.monotonic() > deadline:
+            for r in waiting.values():
+                results[r.library_id] = BackfillResult(
+                    r.library_id, "failed", error="timed out waiting for the active request"
+                )
+            break
+        repository.expire_leases(conn, policy)
+        time.sleep(0.5)
+    return [results[i] for i in ids if i in results]
+
+
+def request_learning_refresh(
+    conn: Connection,
+    library_id: int,
+    learning_id: int,
+    classification_id: int,
+    candidate_id: int | None = None,
+) -> int | None:
+    """Queue a learning refresh; None when the library already has active work."""
+    return repository.request_learning_refresh(
+        conn, library_id, learning_id, classification_id, candidate_id
+    )
+
+
+def compact(conn: Connection, policy: RefreshPolicy, max_batches: int = 100) -> int:
+    """Delete old terminal requests in bounded batches; returns how many went."""
+    total = 0
+    for _ in range(max_batches):
+        deleted = repository.compact_requests(
+            conn, policy.retention_days, policy.compaction_batch
+        )
+        total += deleted
+        if deleted < policy.compaction_batch:
+            break
+    return total
+
+
+def library_ids(conn: Connection) -> list[int]:
+    return repository.library_ids(conn)
+
+
+def profile_status(conn: Connection, library_ids: Sequence[int]) -> list[ProfileStatus]:
+    return repository.profile_status(conn, library_ids)
+
+
+def queue_overview(conn: Connection) -> QueueOverview:
+    return repository.queue_overview(conn)

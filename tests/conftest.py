@@ -1,0 +1,79 @@
+"""Test databases: one migrated template per session, a fresh clone per test.
+
+The server is `INVENTORY_TEST_DATABASE_URL` (any database on it; CI points it at the
+machine's PostgreSQL 15) or, when unset, an embedded PostgreSQL 18 started for the
+session. Clones (`CREATE DATABASE ... TEMPLATE`) keep tests that commit, race
+connections or launch Dagster runs isolated from each other.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from inventory_pipeline.db import Connection, connect
+from inventory_pipeline.db.connection import (
+    create_database,
+    drop_database,
+    url_with_database,
+)
+from inventory_pipeline.db.migrator import migrate
+
+TEST_URL_ENV = "INVENTORY_TEST_DATABASE_URL"
+
+
+@pytest.fixture(scope="session")
+def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A maintenance URL (database `postgres`) of the server the tests use."""
+    configured = os.environ.get(TEST_URL_ENV)
+    if configured:
+        yield url_with_database(configured, "postgres")
+        return
+    from inventory_pipeline.db.embedded import EmbeddedServer
+
+    server = EmbeddedServer(tmp_path_factory.mktemp("embedded") / "pgdata")
+    server.start()
+    try:
+        yield server.url("postgres")
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def template_name(server_url: str) -> Iterator[str]:
+    name = f"inventory_tmpl_{os.getpid()}"
+    with connect(server_url) as admin:
+        drop_database(admin, name)
+        create_database(admin, name)
+    with connect(url_with_database(server_url, name)) as conn:
+        migrate(conn)
+    yield name
+    with connect(server_url) as admin:
+        drop_database(admin, name)
+
+
+@pytest.fixture
+def db_url(server_url: str, template_name: str) -> Iterator[str]:
+    name = f"inventory_test_{uuid.uuid4().hex[:12]}"
+    with connect(server_url) as admin:
+        create_database(admin, name, template=template_name)
+    try:
+        yield url_with_database(server_url, name)
+    finally:
+        with connect(server_url) as admin:
+            drop_database(admin, name)
+
+
+@pytest.fixture
+def conn(db_url: str) -> Iterator[Connection]:
+    with connect(db_url) as connection:
+        yield connection
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[1]

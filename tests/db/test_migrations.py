@@ -1,0 +1,111 @@
+"""The migration runner: order, checksums, locking, and seeding an existing system."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from inventory_pipeline.db import MigrationError, connect, fetch_all, fetch_one
+from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
+from inventory_pipeline.db.migrator import discover, migrate
+
+
+@pytest.fixture
+def empty_db(server_url: str):
+    name = "inventory_empty_" + str(threading.get_ident())
+    with connect(server_url) as admin:
+        drop_database(admin, name)
+        create_database(admin, name)
+    yield url_with_database(server_url, name)
+    with connect(server_url) as admin:
+        drop_database(admin, name)
+
+
+def copy_migrations(tmp_path: Path, upto: int | None = None) -> Path:
+    folder = tmp_path / "migrations"
+    folder.mkdir()
+    for m in discover():
+        if upto is None or m.version <= upto:
+            (folder / m.filename).write_text(m.sql)
+    return folder
+
+
+def test_applies_each_file_once_with_checksum(empty_db: str) -> None:
+    with connect(empty_db) as conn:
+        applied = migrate(conn)
+        assert [m.version for m in applied] == [m.version for m in discover()]
+        assert migrate(conn) == []
+        rows = fetch_all(conn, "SELECT version, checksum FROM schema_migrations ORDER BY 1")
+        assert [r["checksum"] for r in rows] == [m.checksum for m in discover()]
+
+
+def test_edited_applied_file_is_refused(empty_db: str, tmp_path: Path) -> None:
+    folder = copy_migrations(tmp_path)
+    with connect(empty_db) as conn:
+        migrate(conn, folder)
+        first = sorted(folder.glob("*.sql"))[0]
+        first.write_text(first.read_text() + "\n-- edited\n")
+        with pytest.raises(MigrationError, match="was edited after it was applied"):
+            migrate(conn, folder)
+
+
+def test_failed_file_rolls_back_alone(empty_db: str, tmp_path: Path) -> None:
+    folder = copy_migrations(tmp_path)
+    (folder / "0999_broken.sql").write_text("CREATE TABLE half_done (id int);\nSELECT 1/0;\n")
+    with connect(empty_db) as conn:
+        with pytest.raises(MigrationError, match="0999_broken.sql failed"):
+            migrate(conn, folder)
+        assert fetch_one(conn, "SELECT to_regclass('half_done') AS t")["t"] is None  # type: ignore[index]
+        versions = [r["version"] for r in fetch_all(conn, "SELECT version FROM schema_migrations")]
+        assert 999 not in versions and 1 in versions
+
+
+def test_concurrent_migrators_serialize(empty_db: str) -> None:
+    results: list[object] = []
+
+    def run() -> None:
+        with connect(empty_db) as conn:
+            try:
+                results.append(len(migrate(conn)))
+            except Exception as exc:  # pragma: no cover - reported below
+                results.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [0, 0, len(discover())]  # type: ignore[type-var]
+
+
+def test_revision_migration_seeds_existing_libraries_dirty(empty_db: str, tmp_path: Path) -> None:
+    """seed 000: existing nonempty libraries and libraries with stored profiles start
+    dirty; empty libraries without a profile start clean."""
+    folder = copy_migrations(tmp_path, upto=1)
+    with connect(empty_db) as conn:
+        migrate(conn, folder)
+        conn.execute("INSERT INTO media_servers (id, name, kind) VALUES (1, 's', 'plex')")
+        conn.execute(
+            "INSERT INTO libraries (id, server_id, name, media_kind) VALUES"
+            " (1, 1, 'stocked', 'movie'), (2, 1, 'profiled', 'movie'), (3, 1, 'empty', 'tv')"
+        )
+        conn.execute("INSERT INTO media_server_items (library_id, title) VALUES (1, 'x')")
+        conn.execute(
+            "INSERT INTO library_profiles (library_id, item_count, profile) VALUES (2, 3, '{}')"
+        )
+        for m in discover():
+            if m.version > 1:
+                (folder / m.filename).write_text(m.sql)
+        migrate(conn, folder)
+        rows = fetch_all(
+            conn,
+            "SELECT library_id, revision, acknowledged_revision FROM library_inventory_state"
+            " ORDER BY 1",
+        )
+        assert [(r["library_id"], r["revision"], r["acknowledged_revision"]) for r in rows] == [
+            (1, 1, 0),
+            (2, 1, 0),
+            (3, 0, 0),
+        ]
