@@ -278,7 +278,8 @@ ORDER BY id;
 
 -- name: compact_requests
 -- seed 000: terminal requests older than the retention, in bounded batches, keeping
--- the latest record per library (its cooldown) and never touching active work.
+-- the latest terminal record per library (its cooldown and last outcome) and never
+-- touching active work.
 WITH doomed AS (
     SELECT r.id
     FROM profile_refresh_requests r
@@ -286,7 +287,9 @@ WITH doomed AS (
       AND r.finished_at < now() - make_interval(days => %(retention_days)s)
       AND EXISTS (
           SELECT 1 FROM profile_refresh_requests newer
-          WHERE newer.library_id = r.library_id AND newer.id > r.id
+          WHERE newer.library_id = r.library_id
+            AND newer.id > r.id
+            AND newer.status IN ('succeeded', 'failed')
       )
     ORDER BY r.finished_at, r.id
     LIMIT %(limit)s

@@ -1,0 +1,378 @@
+"""seed 000 planner, outbox and worker on real PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from inventory_pipeline.db import Connection, DatabaseError, connect, execute, fetch_all, fetch_one
+from inventory_pipeline.profiles import service
+from inventory_pipeline.profiles.generator import frame_from_rows, generate_profile
+from inventory_pipeline.profiles.models import RefreshPolicy
+from tests import factories as f
+
+POLICY = RefreshPolicy()
+
+
+def refresh_all(conn: Connection, policy: RefreshPolicy = POLICY) -> list[Any]:
+    service.plan(conn, policy)
+    batch = service.claim(conn, policy)
+    return service.process_batch(conn, batch.lease_token, policy)
+
+
+def test_dirty_library_is_refreshed_and_acknowledged(conn: Connection) -> None:
+    lib = f.library(conn)
+    f.items(conn, lib, 12)
+    plan = service.plan(conn, POLICY)
+    assert [(p.library_id, p.inventory_revision) for p in plan.inventory] == [(lib, 1)]
+    [done] = service.process_batch(conn, service.claim(conn, POLICY).lease_token, POLICY)
+    assert done.outcome == "published"
+    assert (done.acknowledged_revision, done.revision) == (1, 1)
+    assert f.state(conn, lib) == {"revision": 1, "acknowledged_revision": 1, "dirty_since": None}
+    stored = f.profile(conn, lib)
+    assert stored is not None and stored["item_count"] == 12 and stored["inventory_revision"] == 1
+    # The stored profile is exactly a from-scratch generation of the projection.
+    obs = service.observe(conn, lib)
+    assert stored["profile"] == generate_profile(frame_from_rows(obs.columns, obs.rows))
+    assert stored["profile"]["genres"]["status"] == "published"
+    # Clean now: the next tick plans nothing.
+    assert service.plan(conn, POLICY).planned == 0
+
+
+def test_planner_takes_oldest_25_and_one_active_request_per_library(conn: Connection) -> None:
+    srv = f.server(conn)
+    libs = [f.library(conn, srv, name=str(i)) for i in range(30)]
+    for lib in reversed(libs):  # the last library turns dirty first
+        f.items(conn, lib, 1)
+    one_pass = RefreshPolicy(planner_passes=1)
+    first = service.plan(conn, one_pass)
+    assert len(first.inventory) == 25
+    assert {p.library_id for p in first.inventory} == set(libs[5:])
+    second = service.plan(conn, one_pass)
+    assert {p.library_id for p in second.inventory} == set(libs[:5])
+    # Still dirty (not yet processed) but every library has its active request.
+    f.items(conn, libs[0], 1)
+    assert service.plan(conn, one_pass).planned == 0
+    active = fetch_one(
+        conn, "SELECT count(*) AS n FROM profile_refresh_requests WHERE status = 'pending'"
+    )
+    assert active is not None and active["n"] == 30
+
+
+def test_concurrent_planners_never_duplicate(db_url: str) -> None:
+    with connect(db_url) as setup:
+        srv = f.server(setup)
+        libs = [f.library(setup, srv, name=str(i)) for i in range(60)]
+        for lib in libs:
+            f.items(setup, lib, 1)
+    planned: list[int] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(4)
+
+    def planner() -> None:
+        with connect(db_url) as c:
+            barrier.wait(timeout=10)
+            for _ in range(5):
+                result = service.plan(c, RefreshPolicy(planner_passes=1))
+                with lock:
+                    planned.extend(p.library_id for p in result.inventory)
+
+    threads = [threading.Thread(target=planner) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(planned) == sorted(libs)
+
+
+def test_existing_native_request_delays_but_cannot_acknowledge(conn: Connection) -> None:
+    lib = f.library(conn)
+    execute(conn, "INSERT INTO library_policies VALUES (%s, true, 'active')", (lib,))
+    f.items(conn, lib, 6)
+    # A native request already queued (e.g. by an earlier tick) blocks inventory work.
+    execute(
+        conn,
+        "INSERT INTO profile_refresh_requests (library_id, kind, source, reason)"
+        " VALUES (%s, 'native', 'native_policy', 'profile_age')",
+        (lib,),
+    )
+    assert service.plan(conn, POLICY).inventory == ()
+    [done] = service.process_batch(conn, service.claim(conn, POLICY).lease_token, POLICY)
+    assert done.kind == "native" and done.outcome == "published"
+    assert f.state(conn, lib)["acknowledged_revision"] == 0
+    # The next pass queues the still-dirty revision.
+    assert [p.inventory_revision for p in service.plan(conn, POLICY).inventory] == [1]
+    refresh_all(conn)
+    assert f.state(conn, lib)["acknowledged_revision"] == 1
+
+
+def test_mid_generation_change_keeps_larger_revision_pending(db_url: str) -> None:
+    with connect(db_url) as conn:
+        lib = f.library(conn)
+        f.items(conn, lib, 8)
+        service.plan(conn, POLICY)
+        [claim] = service.claim(conn, POLICY).claims
+
+        def generate_then_write(frame: pd.DataFrame) -> dict[str, Any]:
+            with connect(db_url) as writer:  # another program commits during generation
+                execute(writer, "UPDATE media_server_items SET rating = 1 WHERE library_id = %s",
+                        (lib,))
+            return generate_profile(frame)
+
+        done = service.process(conn, claim, POLICY, generate_then_write)
+        assert done.outcome == "published"
+        assert (done.claimed_revision, done.acknowledged_revision, done.revision) == (1, 1, 2)
+        assert f.state(conn, lib)["dirty_since"] is not None
+        [replan] = service.plan(conn, POLICY).inventory
+        assert replan.inventory_revision == 2
+        refresh_all(conn)
+        assert f.state(conn, lib)["acknowledged_revision"] == 2
+
+
+def test_lost_claim_acknowledges_nothing(conn: Connection) -> None:
+    lib = f.library(conn)
+    f.items(conn, lib, 6)
+    service.plan(conn, POLICY)
+    [old] = service.claim(conn, POLICY).claims
+    # The lease runs out; recovery hands the request to a new claim.
+    execute(conn, "UPDATE profile_refresh_requests SET lease_expires_at = now() - interval '1s'")
+    assert service.plan(conn, POLICY).expired == 1
+    execute(conn, "UPDATE profile_refresh_requests SET available_at = now()")
+    [new] = service.claim(conn, POLICY).claims
+    assert new.request_id == old.request_id and new.lease_token != old.lease_token
+    late = service.process(conn, old, POLICY)
+    assert late.outcome == "lost"
+    assert f.state(conn, lib)["acknowledged_revision"] == 0
+    assert f.profile(conn, lib) is None
+    assert service.process(conn, new, POLICY).outcome == "published"
+    assert f.state(conn, lib)["acknowledged_revision"] == 1
+
+
+def test_expired_but_unclaimed_lease_cannot_complete(conn: Connection) -> None:
+    lib = f.library(conn)
+    f.items(conn, lib, 6)
+    service.plan(conn, POLICY)
+    [claim] = service.claim(conn, POLICY).claims
+    execute(conn, "UPDATE profile_refresh_requests SET lease_expires_at = now() - interval '1s'")
+    assert service.process(conn, claim, POLICY).outcome == "lost"
+    assert f.state(conn, lib)["acknowledged_revision"] == 0
+
+
+def test_acknowledgement_never_moves_backwards(conn: Connection) -> None:
+    lib = f.library(conn)
+    f.items(conn, lib, 6)
+    f.items(conn, lib, 6)
+    refresh_all(conn)
+    assert f.state(conn, lib)["acknowledged_revision"] == 2
+    # A learning request finishing later leaves the acknowledgement alone; an
+    # inventory request carrying an older revision (analyst backfill planned earlier)
+    # cannot lower it either.
+    execute(
+        conn,
+        "INSERT INTO profile_refresh_requests (library_id, kind, source, reason,"
+        " inventory_revision) VALUES (%s, 'inventory_change', 'inventory_revision',"
+        " 'inventory_changed', 1)",
+        (lib,),
+    )
+    [done] = service.process_batch(conn, service.claim(conn, POLICY).lease_token, POLICY)
+    assert done.outcome == "published" and done.acknowledged_revision == 2
+
+
+def test_empty_library_deletes_profile_and_is_acknowledged(conn: Connection) -> None:
+    lib = f.library(conn)
+    f.items(conn, lib, 6)
+    refresh_all(conn)
+    assert f.profile(conn, lib) is not None
+    execute(conn, "DELETE FROM media_server_items WHERE library_id = %s", (lib,))
+    [done] = refresh_all(conn)
+    assert done.outcome == "removed" and done.item_count == 0
+    assert f.profile(conn, lib) is None
+    assert f.state(conn, lib) == {"revision": 2, "acknowledged_revision": 2, "dirty_since": None}
+
+
+def test_young_profile_is_still_regenerated(conn: Connection) -> None:
+    lib = f.library(conn)
+    f.items(conn, lib, 6)
+    refresh_all(conn)
+    first = f.profile(conn, lib)
+    execute(conn, "UPDATE media_server_items SET genres = ARRAY['Noir'] WHERE library_id = %s",
+            (lib,))
+    [done] = refresh_all(conn)
+    assert done.outcome == "published"
+    second = f.profile(conn, lib)
+    assert first is not None and second is not None
+    assert second["profile"]["genres"]["share"] == {"Noir": 1.0}
+
+
+def test_inactive_library_pauses_new_claims_but_running_work_finishes(conn: Connection) -> None:
+    srv = f.server(conn)
+    running = f.library(conn, srv, name="running")
+    paused = f.library(conn, srv, name="paused", active=False)
+    f.items(conn, running, 6)
+    f.items(conn, paused, 6)
+    plan = service.plan(conn, POLICY)
+    assert [p.library_id for p in plan.inventory] == [running]
+    batch = service.claim(conn, POLICY)
+    execute(conn, "UPDATE libraries SET active = false WHERE id = %s", (running,))
+    [done] = service.process_batch(conn, batch.lease_token, POLICY)
+    assert done.outcome == "published"
+    # Changes while inactive are captured; nothing is planned or claimed until
+    # reactivation.
+    f.items(conn, running, 2)
+    assert service.plan(conn, POLICY).planned == 0
+    execute(conn, "UPDATE libraries SET active = true")
+    assert {p.library_id for p in service.plan(conn, POLICY).inventory} == {running, paused}
+    # A pending request of a library that turns inactive is not claimed either.
+    execute(conn, "UPDATE libraries SET active = false WHERE id = %s", (paused,))
+    assert [c.library_id for c in service.claim(conn, POLICY).claims] == [running]
+    execute(conn, "UPDATE media_servers SET active = false")
+    assert service.claim(conn, POLICY).claims == ()
+
+
+def broken(_: pd.DataFrame) -> dict[str, Any]:
+    raise ValueError("generation blew up")
+
+
+def test_three_attempts_then_two_hour_circuit_probe(conn: Connection) -> None:
+    lib = f.library(conn)
+    f.items(conn, lib, 6)
+    service.plan(conn, POLICY)
+    for attempt in (1, 2, 3):
+        execute(conn, "UPDATE profile_refresh_requests SET available_at = now()")
+        batch = service.claim(conn, POLICY)
+        [done] = service.process_batch(conn, batch.lease_token, POLICY, broken)
+        assert done.outcome == "failed" and "generation blew up" in (done.error or "")
+        [req] = f.requests(conn, lib)
+        assert req["attempts"] == attempt
+        assert req["status"] == ("failed" if attempt == 3 else "pending")
+    assert req["available_at"] > req["created_at"]  # backoff, no immediate retry
+    # Terminal: still dirty, but the circuit holds for two hours even with new inventory.
+    f.items(conn, lib, 1)
+    assert service.plan(conn, POLICY).planned == 0
+    f.age_requests(conn, lib, 7201)
+    [probe] = service.plan(conn, POLICY).inventory
+    assert probe.inventory_revision == 2
+    refresh_all(conn)
+    assert f.state(conn, lib)["acknowledged_revision"] == 2
+    # The failed record was kept (cooldown across restarts); both records remain.
+    assert [r["status"] for r in f.requests(conn, lib)] == ["failed", "succeeded"]
+
+
+def test_probe_after_terminal_failure_without_new_inventory(conn: Connection) -> None:
+    lib = f.library(conn)
+    f.items(conn, lib, 6)
+    service.plan(conn, POLICY)
+    for _ in range(3):
+        execute(conn, "UPDATE profile_refresh_requests SET available_at = now()")
+        service.process_batch(conn, service.claim(conn, POLICY).lease_token, POLICY, broken)
+    f.age_requests(conn, lib, 3600)
+    assert service.plan(conn, POLICY).planned == 0
+    f.age_requests(conn, lib, 3601)
+    assert [p.inventory_revision for p in service.plan(conn, POLICY).inventory] == [1]
+
+
+def test_lease_expiry_on_last_attempt_fails_terminally(conn: Connection) -> None:
+    lib = f.library(conn)
+    f.items(conn, lib, 6)
+    service.plan(conn, POLICY)
+    for _ in range(3):
+        execute(conn, "UPDATE profile_refresh_requests SET available_at = now()")
+        assert len(service.claim(conn, POLICY).claims) == 1
+        execute(conn, "UPDATE profile_refresh_requests SET lease_expires_at = now()")
+        service.plan(conn, POLICY)  # recovers the expired lease (a killed run)
+    [req] = f.requests(conn, lib)
+    assert (req["status"], req["last_error"]) == ("failed", "lease_expired")
+
+
+def test_native_discovery(conn: Connection) -> None:
+    srv = f.server(conn)
+    stocked = f.library(conn, srv, name="stocked")
+    empty = f.library(conn, srv, name="empty")
+    inactive_intent = f.library(conn, srv, name="inactive intent")
+    for lib, intent in ((stocked, "active"), (empty, "active"), (inactive_intent, "inactive")):
+        execute(conn, "INSERT INTO library_policies VALUES (%s, true, %s)", (lib, intent))
+    f.items(conn, stocked, 6)
+    f.items(conn, inactive_intent, 6)
+    refresh_all(conn)  # inventory work first; profiles are young afterwards
+    execute(conn, "UPDATE library_profiles SET generated_at = now() - interval '2 days'")
+    plan = service.plan(conn, POLICY)
+    assert [(p.library_id, p.kind) for p in plan.native] == [(stocked, "native")]
+
+
+def test_request_kind_constraints(conn: Connection) -> None:
+    lib = f.library(conn)
+    assert service.request_learning_refresh(conn, lib, learning_id=7, classification_id=3) is not None
+    bad: list[tuple[str, str, str, int | None, int | None, int | None, int | None]] = [
+        # inventory work carries no classification, candidate or learning ids
+        ("inventory_change", "inventory_revision", "inventory_changed", 1, 5, None, None),
+        ("inventory_change", "inventory_revision", "inventory_changed", 1, None, None, 5),
+        # a positive revision, fixed source and reason
+        ("inventory_change", "inventory_revision", "inventory_changed", 0, None, None, None),
+        ("inventory_change", "somewhere", "inventory_changed", 1, None, None, None),
+        # learning and native keep their own constraints and carry no revision
+        ("learning", "learning", "learning_update", None, None, None, None),
+        ("native", "native_policy", "profile_age", 1, None, None, None),
+        ("native", "native_policy", "profile_age", None, None, None, 4),
+    ]
+    for values in bad:
+        with pytest.raises(DatabaseError, match="violates check constraint"):
+            execute(
+                conn,
+                "INSERT INTO profile_refresh_requests (kind, source, reason, inventory_revision,"
+                " classification_id, candidate_id, learning_id, library_id)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                (*values, lib),
+            )
+
+
+def test_compaction_keeps_latest_per_library_and_active_work(conn: Connection) -> None:
+    srv = f.server(conn)
+    lib = f.library(conn, srv, name="busy")
+    quiet = f.library(conn, srv, name="quiet")
+    for _ in range(4):
+        f.items(conn, lib, 1)
+        refresh_all(conn)
+    f.items(conn, quiet, 1)
+    refresh_all(conn)
+    f.items(conn, lib, 1)
+    service.plan(conn, POLICY)  # one pending request stays active
+    execute(conn, "UPDATE profile_refresh_requests SET finished_at = finished_at -"
+                  " interval '31 days' WHERE finished_at IS NOT NULL")
+    newer = f.requests(conn, lib)[2]
+    execute(conn, "UPDATE profile_refresh_requests SET finished_at = now() WHERE id = %s",
+            (newer["id"],))
+    deleted = service.compact(conn, RefreshPolicy(compaction_batch=1))
+    assert deleted == 2  # the two oldest terminal records of the busy library
+    left = fetch_all(conn, "SELECT library_id, status FROM profile_refresh_requests ORDER BY id")
+    assert [(r["library_id"], r["status"]) for r in left] == [
+        (lib, "succeeded"),
+        (lib, "succeeded"),
+        (quiet, "succeeded"),
+        (lib, "pending"),
+    ]
+
+
+def test_backfill_goes_through_outbox_and_joins_active_request(conn: Connection) -> None:
+    srv = f.server(conn)
+    clean = f.library(conn, srv, name="clean")
+    dirty = f.library(conn, srv, name="dirty")
+    never = f.library(conn, srv, name="never stocked")
+    inactive = f.library(conn, srv, name="inactive", active=False)
+    f.items(conn, clean, 6)
+    refresh_all(conn)
+    f.items(conn, dirty, 6)
+    f.items(conn, inactive, 6)
+    service.plan(conn, POLICY)  # dirty already has a pending request: the backfill joins it
+    results = service.backfill(conn, [clean, dirty, never, inactive], POLICY)
+    assert [(r.library_id, r.status) for r in results] == [
+        (clean, "refreshed"),
+        (dirty, "refreshed"),
+        (never, "never_stocked"),
+        (inactive, "inactive"),
+    ]
+    assert len(f.requests(conn, dirty)) == 1
+    assert [r["reason"] for r in f.requests(conn, clean)] == ["inventory_changed", "analyst_backfill"]
+    assert f.state(conn, dirty)["acknowledged_revision"] == 1
