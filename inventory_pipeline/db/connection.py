@@ -60,7 +60,7 @@ def connect(url: str, *, application_name: str = "inventory_pipeline") -> Connec
             application_name=application_name,
         )
     except psycopg.OperationalError as exc:
-        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DatabaseUnavailable(
             f"cannot connect to {redact_url(url)}: {reason}"
         ) from None

@@ -1,0 +1,203 @@
+"""`inventory-pipeline` commands.
+
+Errors a user can cause (bad URL, unreachable server, missing Dagster home, unknown
+option) print one line and exit non-zero; they never show a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from inventory_pipeline.db import DatabaseError, connect
+from inventory_pipeline.demo import load_demo
+from inventory_pipeline.deployment import Deployment, prepare_dagster_home, provision
+from inventory_pipeline.profiles import service
+from inventory_pipeline.settings import (
+    DAGSTER_STORAGE_URL,
+    DATABASE_URL,
+    Settings,
+    SettingsError,
+)
+
+PROG = "inventory-pipeline"
+CODE_LOCATION = "inventory_pipeline.definitions"
+
+
+class CliError(Exception):
+    """The command cannot go on."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{PROG}: error: {message} (see {PROG} --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Keep library profiles fresh from PostgreSQL.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    dev = sub.add_parser("dev", help="run Dagster (webserver + daemon) on the database")
+    dev.add_argument("--demo", action="store_true", help="load the demo inventory first")
+    dev.add_argument("--host", default="127.0.0.1", help="webserver address (default loopback)")
+    dev.add_argument("--port", type=int, default=3000, help="webserver port (default 3000)")
+    sub.add_parser("migrate", help="apply pending migrations")
+    sub.add_parser("status", help="show the refresh queues")
+    sub.add_parser("demo", help="load the demo inventory into an empty database")
+    refresh = sub.add_parser("refresh", help="plan and process refresh work once, without Dagster")
+    refresh.add_argument("--limit", type=int, default=100, help="claims to process")
+    return parser
+
+
+def _script(name: str) -> str:
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if found is None:
+        raise CliError(f"{name} not found; is the package installed with its dependencies?")
+    return found
+
+
+def _wait_for_webserver(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise CliError(f"the Dagster webserver exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/server_info", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise CliError(f"the Dagster webserver did not answer at {url} within {timeout:.0f} s")
+
+
+def _stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _run_dagster(args: argparse.Namespace, settings: Settings, deployment: Deployment) -> int:
+    home = prepare_dagster_home(settings)
+    env = dict(os.environ)
+    env.update(
+        {
+            "DAGSTER_HOME": str(home),
+            DATABASE_URL: deployment.app_url,
+            DAGSTER_STORAGE_URL: deployment.dagster_url,
+        }
+    )
+    location = ["-m", CODE_LOCATION]
+    daemon = subprocess.Popen([_script("dagster-daemon"), "run", *location], env=env)
+    webserver = subprocess.Popen(
+        [_script("dagster-webserver"), "-h", args.host, "-p", str(args.port), *location], env=env
+    )
+    procs = [webserver, daemon]
+    stopping = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        url = f"http://{args.host}:{args.port}"
+        _wait_for_webserver(url, webserver, timeout=120)
+        print(f"{PROG}: Dagster UI at {url} (Ctrl-C stops everything)", flush=True)
+        while not stopping:
+            for proc in procs:
+                if proc.poll() is not None:
+                    raise CliError(f"{proc.args[0]} exited with code {proc.returncode}")
+            time.sleep(0.5)
+        return 0
+    finally:
+        _stop(procs)
+
+
+def _dev(args: argparse.Namespace, settings: Settings) -> int:
+    prepare_dagster_home(settings)  # fail fast on a missing DAGSTER_HOME
+    with provision(settings) as deployment:
+        if args.demo:
+            with connect(deployment.app_url) as conn:
+                created = load_demo(conn)
+            print(f"{PROG}: demo inventory: {created} libraries loaded", flush=True)
+        return _run_dagster(args, settings, deployment)
+
+
+def _migrate(settings: Settings) -> int:
+    with provision(settings):
+        print(f"{PROG}: database is up to date")
+    return 0
+
+
+def _demo(settings: Settings) -> int:
+    with provision(settings) as deployment, connect(deployment.app_url) as conn:
+        created = load_demo(conn)
+    print(f"{PROG}: {created} demo libraries loaded" if created else
+          f"{PROG}: the database already holds an inventory; nothing loaded")
+    return 0
+
+
+def _status(settings: Settings) -> int:
+    with provision(settings) as deployment, connect(deployment.app_url) as conn:
+        overview = service.queue_overview(conn)
+    print(f"dirty libraries      {overview.dirty}")
+    print(f"pending requests     {overview.pending} ({overview.claimable} claimable now)")
+    print(f"running requests     {overview.running}")
+    print(f"failed requests      {overview.failed}")
+    oldest = overview.oldest_dirty_since
+    print(f"oldest dirty since   {oldest.isoformat() if oldest else '-'}")
+    return 0
+
+
+def _refresh(args: argparse.Namespace, settings: Settings) -> int:
+    with provision(settings) as deployment, connect(deployment.app_url) as conn:
+        plan = service.plan(conn, settings.policy)
+        batch = service.claim(conn, settings.policy, limit=args.limit)
+        completions = service.process_batch(conn, batch.lease_token, settings.policy)
+    outcomes: dict[str, int] = {}
+    for c in completions:
+        outcomes[c.outcome] = outcomes.get(c.outcome, 0) + 1
+    print(f"planned {plan.planned}, processed {len(completions)}: {outcomes or 'nothing to do'}")
+    return 0 if "failed" not in outcomes else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+        if args.command == "dev":
+            return _dev(args, settings)
+        if args.command == "migrate":
+            return _migrate(settings)
+        if args.command == "demo":
+            return _demo(settings)
+        if args.command == "status":
+            return _status(settings)
+        return _refresh(args, settings)
+    except (SettingsError, DatabaseError, CliError) as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

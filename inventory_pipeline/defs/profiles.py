@@ -1,0 +1,227 @@
+"""Dagster surface of the profile refresh (seed 000).
+
+The sensor plans and claims; runs process claims; the asset is what analysts backfill.
+Correctness lives in the database: a run only ever completes claims its lease token
+still holds, so a killed, duplicated or hand-launched run changes nothing the lease
+would not allow.
+"""
+
+# No `from __future__ import annotations` here: Dagster reads op, asset and check
+# signatures at definition time and compares the context annotation to real classes.
+
+from collections.abc import Iterator
+from typing import Any
+from uuid import UUID
+
+import dagster as dg
+
+from inventory_pipeline.defs.resources import InventoryDatabase
+from inventory_pipeline.profiles import service
+from inventory_pipeline.profiles.generator import top_genres
+from inventory_pipeline.profiles.models import Completion
+
+# Dynamic partition set names are global to the instance: keep this one distinctive.
+library_partitions = dg.DynamicPartitionsDefinition(name="inventory_pipeline__library_profile")
+PROFILE_ASSET = dg.AssetKey("library_profile")
+QUEUE_TAG = "inventory_pipeline/queue"
+REFRESH_QUEUE = "profile_refresh"
+
+
+def materialization(completion: Completion) -> dg.AssetMaterialization:
+    """One partition materialization with what a reader of the profile wants to see."""
+    metadata: dict[str, Any] = {
+        "acknowledged_revision": completion.acknowledged_revision or 0,
+        "observed_revision": completion.observed_revision,
+        "request_kind": completion.kind,
+        "item_count": completion.item_count,
+    }
+    if completion.profile is not None:
+        for trait, body in completion.profile.items():
+            metadata[f"coverage/{trait}"] = dg.MetadataValue.float(float(body["coverage"]))
+        genres = top_genres(completion.profile)
+        metadata["top_genres"] = dg.MetadataValue.table(
+            records=[dg.TableRecord({"genre": g, "share": s}) for g, s in genres],
+            schema=dg.TableSchema(
+                columns=[
+                    dg.TableColumn("genre", "string"),
+                    dg.TableColumn("share", "float"),
+                ]
+            ),
+        )
+    else:
+        metadata["profile"] = "removed: the library is empty"
+    return dg.AssetMaterialization(
+        asset_key=PROFILE_ASSET,
+        partition=str(completion.library_id),
+        metadata=metadata,
+    )
+
+
+def refresh_run_config(lease_token: UUID) -> dict[str, Any]:
+    """Run config carries only the lease token: no URL, no secret."""
+    return {"ops": {"refresh_claimed_profiles": {"config": {"lease_token": str(lease_token)}}}}
+
+
+@dg.op(config_schema={"lease_token": str}, tags={QUEUE_TAG: REFRESH_QUEUE})
+def refresh_claimed_profiles(
+    context: dg.OpExecutionContext, inventory_db: InventoryDatabase
+) -> dg.Output[int]:
+    """Process every live claim of the sensor's lease token, one materialization each."""
+    policy = inventory_db.policy()
+    counts = {"published": 0, "removed": 0, "lost": 0, "failed": 0}
+    with inventory_db.connection() as conn:
+        for completion in service.process_batch(
+            conn, UUID(context.op_config["lease_token"]), policy
+        ):
+            counts[completion.outcome] += 1
+            if completion.outcome in ("published", "removed"):
+                context.log_event(materialization(completion))
+            elif completion.outcome == "failed":
+                context.log.warning(
+                    f"library {completion.library_id}: attempt failed, retry scheduled "
+                    f"({completion.error})"
+                )
+            else:
+                context.log.warning(f"library {completion.library_id}: claim lost, nothing done")
+    return dg.Output(counts["published"] + counts["removed"], metadata=dict(counts))
+
+
+@dg.job(
+    executor_def=dg.in_process_executor,
+    tags={QUEUE_TAG: REFRESH_QUEUE},
+    description="Process one claimed batch of profile refresh requests.",
+)
+def library_profile_refresh() -> None:
+    refresh_claimed_profiles()
+
+
+@dg.asset(
+    key=PROFILE_ASSET,
+    partitions_def=library_partitions,
+    backfill_policy=dg.BackfillPolicy.single_run(),
+    output_required=False,
+    description=(
+        "Per-library profile: item count and, per trait, its distribution and coverage. "
+        "A backfill enqueues (or joins) outbox requests and processes them under a lease."
+    ),
+)
+def library_profile(
+    context: dg.AssetExecutionContext, inventory_db: InventoryDatabase
+) -> Iterator[dg.Output[None]]:
+    library_ids = [int(key) for key in context.partition_keys]
+    failed: list[str] = []
+    with inventory_db.connection() as conn:
+        for result in service.backfill(conn, library_ids, inventory_db.policy()):
+            if result.completion is not None:
+                context.log_event(materialization(result.completion))
+            elif result.status in ("refreshed_elsewhere", "never_stocked"):
+                context.log_event(
+                    dg.AssetMaterialization(
+                        asset_key=PROFILE_ASSET,
+                        partition=str(result.library_id),
+                        metadata={"outcome": result.status},
+                    )
+                )
+            else:
+                failed.append(f"{result.library_id} ({result.error or result.status})")
+    if failed:
+        raise dg.Failure(f"profiles not refreshed for libraries: {', '.join(failed)}")
+    yield from ()
+
+
+@dg.asset_check(
+    asset=PROFILE_ASSET,
+    partitions_def=library_partitions,
+    description="The profile is current with its library's inventory revision.",
+)
+def library_profile_current(
+    context: dg.AssetCheckExecutionContext, inventory_db: InventoryDatabase
+) -> dg.AssetCheckResult:
+    library_id = int(context.partition_key)
+    with inventory_db.connection() as conn:
+        statuses = service.profile_status(conn, [library_id])
+    if not statuses:
+        return dg.AssetCheckResult(passed=False, metadata={"reason": "library not found"})
+    status = statuses[0]
+    return dg.AssetCheckResult(
+        passed=status.current,
+        metadata={
+            "revision": status.revision,
+            "acknowledged_revision": status.acknowledged_revision,
+            "profile_revision": status.profile_revision or 0,
+            "items": status.items,
+        },
+    )
+
+
+@dg.sensor(
+    job=library_profile_refresh,
+    minimum_interval_seconds=5,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Keeps partitions in step with libraries, plans dirty libraries and "
+    "launches batched refresh runs for what it claimed.",
+)
+def library_profile_sensor(
+    context: dg.SensorEvaluationContext, inventory_db: InventoryDatabase
+) -> dg.SensorResult | dg.SkipReason:
+    policy = inventory_db.policy()
+    with inventory_db.connection() as conn:
+        library_ids = {str(i) for i in service.library_ids(conn)}
+        plan = service.plan(conn, policy)
+        batches = []
+        for _ in range(inventory_db.max_runs_per_tick()):
+            batch = service.claim(conn, policy)
+            if not batch.claims:
+                break
+            batches.append(batch)
+    known = set(context.instance.get_dynamic_partitions(library_partitions.name))
+    partition_requests = []
+    if library_ids - known:
+        partition_requests.append(
+            library_partitions.build_add_request(sorted(library_ids - known, key=int))
+        )
+    if known - library_ids:
+        partition_requests.append(
+            library_partitions.build_delete_request(sorted(known - library_ids, key=int))
+        )
+    runs = [
+        dg.RunRequest(
+            # The claim's identity: Dagster never re-fires a run_key whose run failed.
+            run_key=f"profile-claim-{batch.lease_token}",
+            run_config=refresh_run_config(batch.lease_token),
+            tags={
+                QUEUE_TAG: REFRESH_QUEUE,
+                "inventory_pipeline/claims": str(len(batch.claims)),
+            },
+        )
+        for batch in batches
+    ]
+    if not runs and not partition_requests:
+        return dg.SkipReason(
+            f"nothing to refresh (expired leases recovered: {plan.expired})"
+        )
+    context.log.info(
+        f"planned {len(plan.inventory)} inventory and {len(plan.native)} native requests; "
+        f"launching {len(runs)} runs for {sum(len(b.claims) for b in batches)} claims"
+    )
+    return dg.SensorResult(run_requests=runs, dynamic_partitions_requests=partition_requests)
+
+
+@dg.op
+def compact_refresh_requests(inventory_db: InventoryDatabase) -> dg.Output[int]:
+    with inventory_db.connection() as conn:
+        deleted = service.compact(conn, inventory_db.policy())
+    return dg.Output(deleted, metadata={"deleted": deleted})
+
+
+@dg.job(executor_def=dg.in_process_executor)
+def profile_request_compaction() -> None:
+    compact_refresh_requests()
+
+
+compaction_schedule = dg.ScheduleDefinition(
+    job=profile_request_compaction,
+    cron_schedule="17 3 * * *",
+    default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="seed 000: terminal requests older than 30 days, in bounded batches.",
+)

@@ -1,0 +1,34 @@
+"""The database resource: the URL is read from the environment at run time, so it never
+appears in run config or event logs."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import dagster as dg
+
+from inventory_pipeline.db import Connection, connect
+from inventory_pipeline.profiles.models import RefreshPolicy
+from inventory_pipeline.settings import DATABASE_URL, Settings
+
+
+class InventoryDatabase(dg.ConfigurableResource):  # type: ignore[misc]
+    """Connections to the application database, and the refresh policy."""
+
+    url: str
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[Connection]:
+        with connect(self.url, application_name="inventory_pipeline.dagster") as conn:
+            yield conn
+
+    def policy(self) -> RefreshPolicy:
+        return Settings.from_env().policy
+
+    def max_runs_per_tick(self) -> int:
+        return Settings.from_env().max_runs_per_tick
+
+
+def inventory_database() -> InventoryDatabase:
+    return InventoryDatabase(url=dg.EnvVar(DATABASE_URL))

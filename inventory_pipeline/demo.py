@@ -1,0 +1,102 @@
+"""A small, deterministic demo inventory: enough libraries to see profiles publish,
+traits held back by the coverage contract, and an empty library."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from inventory_pipeline.db import Connection, execute, fetch_one, jsonb, transaction
+from inventory_pipeline.db.queries import load_queries
+
+QUERIES = load_queries("inventory_pipeline", "demo.sql")
+
+GENRES = {
+    "movie": ("Drama", "Comedy", "Action", "Thriller", "Science Fiction", "Romance", "Horror"),
+    "tv": ("Drama", "Comedy", "Crime", "Animation", "Documentary", "Reality"),
+    "music": ("Jazz", "Rock", "Electronic", "Classical", "Hip-Hop"),
+}
+STUDIOS = ("A24", "Pixar", "Studio Ghibli", "Warner Bros.", "Universal", "Toho", "Gaumont",
+           "BBC", "HBO", "Netflix", "Canal+", "StudioCanal")
+LANGUAGES = ("en", "fr", "ja", "ko", "de", "es", "it", "sv")
+
+
+@dataclass(frozen=True)
+class DemoLibrary:
+    server: str
+    name: str
+    media_kind: str
+    items: int
+    coverage: float  # share of items carrying rating/studio/identity
+    policy: bool = False
+
+
+LIBRARIES = (
+    DemoLibrary("Living Room Plex", "Films", "movie", 800, 0.95, policy=True),
+    DemoLibrary("Living Room Plex", "Series", "tv", 300, 0.9),
+    DemoLibrary("Living Room Plex", "Music Videos", "music", 200, 0.2),
+    DemoLibrary("Living Room Plex", "Kids", "movie", 4, 1.0),
+    DemoLibrary("Living Room Plex", "Archive", "movie", 0, 1.0),
+    DemoLibrary("Cabin Jellyfin", "Documentaries", "movie", 150, 0.4),
+    DemoLibrary("Cabin Jellyfin", "Anime", "tv", 120, 0.85),
+)
+
+
+def _items(rng: random.Random, library: DemoLibrary) -> list[dict[str, Any]]:
+    rows = []
+    for i in range(library.items):
+        carries = rng.random() < library.coverage
+        kind = library.media_kind if library.media_kind != "music" else None
+        rows.append(
+            {
+                "title": f"{library.name} #{i + 1}",
+                "year": rng.randint(1960, 2026),
+                "provider": "tmdb" if carries and kind else None,
+                "provider_kind": kind if carries and kind else None,
+                "provider_id": str(rng.randint(1, 900_000)) if carries and kind else None,
+                "rating": round(rng.triangular(2, 10, 7), 1) if carries else None,
+                "genres": rng.sample(GENRES[library.media_kind], rng.randint(1, 3)),
+                "primary_studio": rng.choice(STUDIOS) if carries else None,
+                "original_language": rng.choices(LANGUAGES, weights=(8, 2, 2, 1, 1, 1, 1, 1))[0],
+                "plot": "A demo item.",
+            }
+        )
+    return rows
+
+
+def load_demo(conn: Connection, seed: int = 2026) -> int:
+    """Load the demo inventory once; returns the number of libraries created (0 when the
+    database already holds media servers)."""
+    rng = random.Random(seed)
+    with transaction(conn):
+        present = fetch_one(conn, QUERIES["has_inventory"])
+        if present is not None and present["present"]:
+            return 0
+        servers: dict[str, int] = {}
+        for library in LIBRARIES:
+            if library.server not in servers:
+                kind = "plex" if "Plex" in library.server else "jellyfin"
+                row = fetch_one(conn, QUERIES["insert_server"], {"name": library.server, "kind": kind})
+                assert row is not None
+                servers[library.server] = int(row["id"])
+            row = fetch_one(
+                conn,
+                QUERIES["insert_library"],
+                {
+                    "server_id": servers[library.server],
+                    "name": library.name,
+                    "media_kind": library.media_kind,
+                },
+            )
+            assert row is not None
+            library_id = int(row["id"])
+            if library.policy:
+                execute(conn, QUERIES["insert_policy"], {"library_id": library_id})
+            if library.items:
+                execute(
+                    conn,
+                    QUERIES["insert_items"],
+                    {"library_id": library_id, "items": jsonb(_items(rng, library))},
+                )
+    return len(LIBRARIES)

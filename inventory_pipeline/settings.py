@@ -1,0 +1,73 @@
+"""One frozen settings object, read from the environment once and validated.
+
+Every value a user can get wrong fails here with one clear line, before anything
+touches the database.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from inventory_pipeline.profiles.models import RefreshPolicy
+
+DATABASE_URL = "INVENTORY_DATABASE_URL"
+DAGSTER_STORAGE_URL = "INVENTORY_DAGSTER_STORAGE_URL"
+DATA_DIR = "INVENTORY_DATA_DIR"
+MAX_RUNS_PER_TICK = "INVENTORY_MAX_RUNS_PER_TICK"
+
+# RefreshPolicy field -> environment variable, e.g. lease_seconds -> INVENTORY_LEASE_SECONDS
+POLICY_ENV = {f.name: "INVENTORY_" + f.name.upper() for f in fields(RefreshPolicy)}
+
+
+class SettingsError(ValueError):
+    """The configuration is invalid."""
+
+
+def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be a whole number, got {raw!r}") from None
+    if value <= 0:
+        raise SettingsError(f"{name} must be positive, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str | None
+    dagster_storage_url: str | None
+    data_dir: Path
+    policy: RefreshPolicy = field(default_factory=RefreshPolicy)
+    max_runs_per_tick: int = 4
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        defaults = RefreshPolicy()
+        policy = RefreshPolicy(
+            **{
+                name: _positive_int(env, var, getattr(defaults, name))
+                for name, var in POLICY_ENV.items()
+            }
+        )
+        if policy.lease_seconds < 10:
+            raise SettingsError(f"{POLICY_ENV['lease_seconds']} must be at least 10 seconds")
+        database_url = env.get(DATABASE_URL) or None
+        if database_url is not None:
+            from inventory_pipeline.db.connection import validate_url
+
+            validate_url(database_url)
+        return cls(
+            database_url=database_url,
+            dagster_storage_url=env.get(DAGSTER_STORAGE_URL) or None,
+            data_dir=Path(env.get(DATA_DIR) or ".inventory_pipeline").resolve(),
+            policy=policy,
+            max_runs_per_tick=_positive_int(env, MAX_RUNS_PER_TICK, 4),
+        )
