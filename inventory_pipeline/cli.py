@@ -123,7 +123,8 @@ def _run_dagster(args: argparse.Namespace, settings: Settings, deployment: Deplo
         while not stopping:
             for proc in procs:
                 if proc.poll() is not None:
-                    raise CliError(f"{proc.args[0]} exited with code {proc.returncode}")
+                    name = "webserver" if proc is webserver else "daemon"
+                    raise CliError(f"the Dagster {name} exited with code {proc.returncode}")
             time.sleep(0.5)
         return 0
     finally:
@@ -149,8 +150,11 @@ def _migrate(settings: Settings) -> int:
 def _demo(settings: Settings) -> int:
     with provision(settings) as deployment, connect(deployment.app_url) as conn:
         created = load_demo(conn)
-    print(f"{PROG}: {created} demo libraries loaded" if created else
-          f"{PROG}: the database already holds an inventory; nothing loaded")
+    print(
+        f"{PROG}: {created} demo libraries loaded"
+        if created
+        else f"{PROG}: the database already holds an inventory; nothing loaded"
+    )
     return 0
 
 

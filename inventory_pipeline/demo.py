@@ -17,8 +17,20 @@ GENRES = {
     "tv": ("Drama", "Comedy", "Crime", "Animation", "Documentary", "Reality"),
     "music": ("Jazz", "Rock", "Electronic", "Classical", "Hip-Hop"),
 }
-STUDIOS = ("A24", "Pixar", "Studio Ghibli", "Warner Bros.", "Universal", "Toho", "Gaumont",
-           "BBC", "HBO", "Netflix", "Canal+", "StudioCanal")
+STUDIOS = (
+    "A24",
+    "Pixar",
+    "Studio Ghibli",
+    "Warner Bros.",
+    "Universal",
+    "Toho",
+    "Gaumont",
+    "BBC",
+    "HBO",
+    "Netflix",
+    "Canal+",
+    "StudioCanal",
+)
 LANGUAGES = ("en", "fr", "ja", "ko", "de", "es", "it", "sv")
 
 
@@ -77,7 +89,9 @@ def load_demo(conn: Connection, seed: int = 2026) -> int:
         for library in LIBRARIES:
             if library.server not in servers:
                 kind = "plex" if "Plex" in library.server else "jellyfin"
-                row = fetch_one(conn, QUERIES["insert_server"], {"name": library.server, "kind": kind})
+                row = fetch_one(
+                    conn, QUERIES["insert_server"], {"name": library.server, "kind": kind}
+                )
                 assert row is not None
                 servers[library.server] = int(row["id"])
             row = fetch_one(

@@ -44,7 +44,7 @@ def dagster_storage_url(url: str) -> str:
     event writes fail), so its URL names the driver explicitly."""
     for prefix in ("postgresql+psycopg2://", "postgresql://", "postgres://"):
         if url.startswith(prefix):
-            return "postgresql+psycopg2://" + url[len(prefix):]
+            return "postgresql+psycopg2://" + url[len(prefix) :]
     raise SettingsError(f"Dagster storage URL must be a PostgreSQL URL, got {url.split(':')[0]}:")
 
 

@@ -61,9 +61,7 @@ def connect(url: str, *, application_name: str = "inventory_pipeline") -> Connec
         )
     except psycopg.OperationalError as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DatabaseUnavailable(
-            f"cannot connect to {redact_url(url)}: {reason}"
-        ) from None
+        raise DatabaseUnavailable(f"cannot connect to {redact_url(url)}: {reason}") from None
 
 
 @contextlib.contextmanager

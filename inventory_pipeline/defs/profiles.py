@@ -9,19 +9,21 @@ would not allow.
 # No `from __future__ import annotations` here: Dagster reads op, asset and check
 # signatures at definition time and compares the context annotation to real classes.
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 from uuid import UUID
 
 import dagster as dg
 
+from inventory_pipeline.db import Connection
 from inventory_pipeline.defs.resources import InventoryDatabase
 from inventory_pipeline.profiles import service
 from inventory_pipeline.profiles.generator import top_genres
-from inventory_pipeline.profiles.models import Completion
+from inventory_pipeline.profiles.models import Completion, ProfileStatus
 
 # Dynamic partition set names are global to the instance: keep this one distinctive.
-library_partitions = dg.DynamicPartitionsDefinition(name="inventory_pipeline__library_profile")
+PARTITIONS_NAME = "inventory_pipeline__library_profile"
+library_partitions = dg.DynamicPartitionsDefinition(name=PARTITIONS_NAME)
 PROFILE_ASSET = dg.AssetKey("library_profile")
 QUEUE_TAG = "inventory_pipeline/queue"
 REFRESH_QUEUE = "profile_refresh"
@@ -70,9 +72,8 @@ def refresh_claimed_profiles(
     policy = inventory_db.policy()
     counts = {"published": 0, "removed": 0, "lost": 0, "failed": 0}
     with inventory_db.connection() as conn:
-        for completion in service.process_batch(
-            conn, UUID(context.op_config["lease_token"]), policy
-        ):
+        completions = service.process_batch(conn, UUID(context.op_config["lease_token"]), policy)
+        for completion in completions:
             counts[completion.outcome] += 1
             if completion.outcome in ("published", "removed"):
                 context.log_event(materialization(completion))
@@ -83,6 +84,7 @@ def refresh_claimed_profiles(
                 )
             else:
                 context.log.warning(f"library {completion.library_id}: claim lost, nothing done")
+        log_check_evaluations(context, conn, [c.library_id for c in completions])
     return dg.Output(counts["published"] + counts["removed"], metadata=dict(counts))
 
 
@@ -124,6 +126,7 @@ def library_profile(
                 )
             else:
                 failed.append(f"{result.library_id} ({result.error or result.status})")
+        log_check_evaluations(context, conn, library_ids)
     if failed:
         raise dg.Failure(f"profiles not refreshed for libraries: {', '.join(failed)}")
     yield from ()
@@ -137,21 +140,44 @@ def library_profile(
 def library_profile_current(
     context: dg.AssetCheckExecutionContext, inventory_db: InventoryDatabase
 ) -> dg.AssetCheckResult:
-    library_id = int(context.partition_key)
+    return profile_current_result(inventory_db, int(context.partition_key))
+
+
+def _check_metadata(status: ProfileStatus) -> dict[str, int]:
+    return {
+        "revision": status.revision,
+        "acknowledged_revision": status.acknowledged_revision,
+        "profile_revision": status.profile_revision or 0,
+        "items": status.items,
+    }
+
+
+def profile_current_result(inventory_db: InventoryDatabase, library_id: int) -> dg.AssetCheckResult:
+    """Current = acknowledged up to the revision and the stored profile matches the items."""
     with inventory_db.connection() as conn:
         statuses = service.profile_status(conn, [library_id])
     if not statuses:
         return dg.AssetCheckResult(passed=False, metadata={"reason": "library not found"})
-    status = statuses[0]
-    return dg.AssetCheckResult(
-        passed=status.current,
-        metadata={
-            "revision": status.revision,
-            "acknowledged_revision": status.acknowledged_revision,
-            "profile_revision": status.profile_revision or 0,
-            "items": status.items,
-        },
-    )
+    return dg.AssetCheckResult(passed=statuses[0].current, metadata=_check_metadata(statuses[0]))
+
+
+def log_check_evaluations(
+    context: dg.OpExecutionContext | dg.AssetExecutionContext,
+    conn: Connection,
+    library_ids: Sequence[int],
+) -> None:
+    """Record the check for every partition a run touched, as the database sees it now."""
+    for status in service.profile_status(conn, library_ids):
+        # AssetCheckEvaluation is accepted at run time; the annotation predates it.
+        context.log_event(
+            dg.AssetCheckEvaluation(  # type: ignore[arg-type]
+                asset_key=PROFILE_ASSET,
+                check_name="library_profile_current",
+                passed=status.current,
+                partition=str(status.library_id),
+                metadata=_check_metadata(status),
+            )
+        )
 
 
 @dg.sensor(
@@ -174,7 +200,8 @@ def library_profile_sensor(
             if not batch.claims:
                 break
             batches.append(batch)
-    known = set(context.instance.get_dynamic_partitions(library_partitions.name))
+    known = set(context.instance.get_dynamic_partitions(PARTITIONS_NAME))
+    partition_requests: list[dg.AddDynamicPartitionsRequest | dg.DeleteDynamicPartitionsRequest]
     partition_requests = []
     if library_ids - known:
         partition_requests.append(
@@ -197,9 +224,7 @@ def library_profile_sensor(
         for batch in batches
     ]
     if not runs and not partition_requests:
-        return dg.SkipReason(
-            f"nothing to refresh (expired leases recovered: {plan.expired})"
-        )
+        return dg.SkipReason(f"nothing to refresh (expired leases recovered: {plan.expired})")
     context.log.info(
         f"planned {len(plan.inventory)} inventory and {len(plan.native)} native requests; "
         f"launching {len(runs)} runs for {sum(len(b.claims) for b in batches)} claims"

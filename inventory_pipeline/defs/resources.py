@@ -13,7 +13,7 @@ from inventory_pipeline.profiles.models import RefreshPolicy
 from inventory_pipeline.settings import DATABASE_URL, Settings
 
 
-class InventoryDatabase(dg.ConfigurableResource):  # type: ignore[misc]
+class InventoryDatabase(dg.ConfigurableResource):  # type: ignore[type-arg]
     """Connections to the application database, and the refresh policy."""
 
     url: str

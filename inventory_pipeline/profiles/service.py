@@ -196,8 +196,9 @@ def backfill(
     waiting: dict[int, BackfillRequest] = {
         r.request_id: r for r in requests if r.library_id not in results
     }
-    deadline = time.monotonic() + (wait_seconds if wait_seconds is not None else
-                                   policy.lease_seconds + 30)
+    deadline = time.monotonic() + (
+        wait_seconds if wait_seconds is not None else policy.lease_seconds + 30
+    )
     while waiting:
         batch = claim(conn, policy, limit=len(waiting), request_ids=list(waiting))
         for c in batch.claims:
@@ -207,7 +208,9 @@ def backfill(
                 del waiting[c.request_id]
         for row in repository.request_outcomes(conn, list(waiting)):
             if row["status"] == "succeeded":
-                results[row["library_id"]] = BackfillResult(row["library_id"], "refreshed_elsewhere")
+                results[row["library_id"]] = BackfillResult(
+                    row["library_id"], "refreshed_elsewhere"
+                )
                 del waiting[row["id"]]
             elif row["status"] == "failed":
                 results[row["library_id"]] = BackfillResult(
@@ -244,9 +247,7 @@ def compact(conn: Connection, policy: RefreshPolicy, max_batches: int = 100) -> 
     """Delete old terminal requests in bounded batches; returns how many went."""
     total = 0
     for _ in range(max_batches):
-        deleted = repository.compact_requests(
-            conn, policy.retention_days, policy.compaction_batch
-        )
+        deleted = repository.compact_requests(conn, policy.retention_days, policy.compaction_batch)
         total += deleted
         if deleted < policy.compaction_batch:
             break

@@ -55,7 +55,7 @@ def test_failed_file_rolls_back_alone(empty_db: str, tmp_path: Path) -> None:
     folder = copy_migrations(tmp_path)
     (folder / "0999_broken.sql").write_text("CREATE TABLE half_done (id int);\nSELECT 1/0;\n")
     with connect(empty_db) as conn:
-        with pytest.raises(MigrationError, match="0999_broken.sql failed"):
+        with pytest.raises(MigrationError, match=r"0999_broken\.sql failed"):
             migrate(conn, folder)
         assert fetch_one(conn, "SELECT to_regclass('half_done') AS t")["t"] is None  # type: ignore[index]
         versions = [r["version"] for r in fetch_all(conn, "SELECT version FROM schema_migrations")]

@@ -118,8 +118,9 @@ def test_mid_generation_change_keeps_larger_revision_pending(db_url: str) -> Non
 
         def generate_then_write(frame: pd.DataFrame) -> dict[str, Any]:
             with connect(db_url) as writer:  # another program commits during generation
-                execute(writer, "UPDATE media_server_items SET rating = 1 WHERE library_id = %s",
-                        (lib,))
+                execute(
+                    writer, "UPDATE media_server_items SET rating = 1 WHERE library_id = %s", (lib,)
+                )
             return generate_profile(frame)
 
         done = service.process(conn, claim, POLICY, generate_then_write)
@@ -198,8 +199,9 @@ def test_young_profile_is_still_regenerated(conn: Connection) -> None:
     f.items(conn, lib, 6)
     refresh_all(conn)
     first = f.profile(conn, lib)
-    execute(conn, "UPDATE media_server_items SET genres = ARRAY['Noir'] WHERE library_id = %s",
-            (lib,))
+    execute(
+        conn, "UPDATE media_server_items SET genres = ARRAY['Noir'] WHERE library_id = %s", (lib,)
+    )
     [done] = refresh_all(conn)
     assert done.outcome == "published"
     second = f.profile(conn, lib)
@@ -304,7 +306,8 @@ def test_native_discovery(conn: Connection) -> None:
 
 def test_request_kind_constraints(conn: Connection) -> None:
     lib = f.library(conn)
-    assert service.request_learning_refresh(conn, lib, learning_id=7, classification_id=3) is not None
+    learning = service.request_learning_refresh(conn, lib, learning_id=7, classification_id=3)
+    assert learning is not None
     bad: list[tuple[str, str, str, int | None, int | None, int | None, int | None]] = [
         # inventory work carries no classification, candidate or learning ids
         ("inventory_change", "inventory_revision", "inventory_changed", 1, 5, None, None),
@@ -339,11 +342,17 @@ def test_compaction_keeps_latest_per_library_and_active_work(conn: Connection) -
     refresh_all(conn)
     f.items(conn, lib, 1)
     service.plan(conn, POLICY)  # one pending request stays active
-    execute(conn, "UPDATE profile_refresh_requests SET finished_at = finished_at -"
-                  " interval '31 days' WHERE finished_at IS NOT NULL")
+    execute(
+        conn,
+        "UPDATE profile_refresh_requests SET finished_at = finished_at -"
+        " interval '31 days' WHERE finished_at IS NOT NULL",
+    )
     newer = f.requests(conn, lib)[2]
-    execute(conn, "UPDATE profile_refresh_requests SET finished_at = now() WHERE id = %s",
-            (newer["id"],))
+    execute(
+        conn,
+        "UPDATE profile_refresh_requests SET finished_at = now() WHERE id = %s",
+        (newer["id"],),
+    )
     deleted = service.compact(conn, RefreshPolicy(compaction_batch=1))
     assert deleted == 2  # the two oldest terminal records of the busy library
     left = fetch_all(conn, "SELECT library_id, status FROM profile_refresh_requests ORDER BY id")
@@ -374,5 +383,6 @@ def test_backfill_goes_through_outbox_and_joins_active_request(conn: Connection)
         (inactive, "inactive"),
     ]
     assert len(f.requests(conn, dirty)) == 1
-    assert [r["reason"] for r in f.requests(conn, clean)] == ["inventory_changed", "analyst_backfill"]
+    reasons = [r["reason"] for r in f.requests(conn, clean)]
+    assert reasons == ["inventory_changed", "analyst_backfill"]
     assert f.state(conn, dirty)["acknowledged_revision"] == 1

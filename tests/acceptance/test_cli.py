@@ -1,0 +1,65 @@
+"""The real CLI in a subprocess: bad input gets one line and a non-zero exit; good input
+migrates, loads the demo, refreshes and reports."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def run(
+    args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("INVENTORY_", "DAGSTER_"))}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "inventory_pipeline.cli", *args],
+        env=full_env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["status", "--bogus"], {}, "unrecognized arguments: --bogus"),
+        (["frobnicate"], {}, "invalid choice"),
+        (["status"], {"INVENTORY_DATABASE_URL": "mysql://x/y"}, "must start with postgresql://"),
+        (
+            ["status"],
+            {"INVENTORY_DATABASE_URL": "postgresql://u:hunter2@127.0.0.1:1/x"},
+            "cannot connect to postgresql://u:***@127.0.0.1:1/x",
+        ),
+        (["dev"], {"DAGSTER_HOME": "/nonexistent/dagster"}, "DAGSTER_HOME /nonexistent/dagster"),
+        (["status"], {"INVENTORY_LEASE_SECONDS": "abc"}, "INVENTORY_LEASE_SECONDS must be"),
+    ],
+)
+def test_bad_input_is_one_line(args: list[str], env: dict[str, str], message: str) -> None:
+    result = run(args, env)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert message in lines[0]
+    assert "Traceback" not in result.stderr and "hunter2" not in result.stderr
+
+
+def test_demo_refresh_status_on_a_server(db_url: str, tmp_path: Path) -> None:
+    env = {"INVENTORY_DATABASE_URL": db_url, "INVENTORY_DATA_DIR": str(tmp_path)}
+    assert run(["migrate"], env).returncode == 0
+    loaded = run(["demo"], env)
+    assert loaded.returncode == 0 and "7 demo libraries loaded" in loaded.stdout
+    assert "nothing loaded" in run(["demo"], env).stdout
+    refreshed = run(["refresh"], env)
+    assert refreshed.returncode == 0, refreshed.stderr
+    assert "published" in refreshed.stdout and "removed" not in refreshed.stdout
+    status = run(["status"], env)
+    assert "dirty libraries      0" in status.stdout
+    # With a URL configured no embedded server was started in the data folder.
+    assert not (tmp_path / "pgdata").exists()

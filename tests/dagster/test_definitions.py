@@ -1,0 +1,148 @@
+"""The Dagster shell over real PostgreSQL: sensor, batched refresh job, analyst backfill
+and the partitioned check, executed in process against an ephemeral instance."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import dagster as dg
+import pytest
+
+from inventory_pipeline.db import Connection, execute
+from inventory_pipeline.definitions import defs
+from inventory_pipeline.defs import profiles as profile_defs
+from inventory_pipeline.defs.resources import InventoryDatabase
+from inventory_pipeline.profiles import service
+from inventory_pipeline.profiles.models import RefreshPolicy
+from tests import factories as f
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+def test_definitions_load() -> None:
+    repo = defs.get_repository_def()
+    assert {j.name for j in repo.get_all_jobs()} >= {
+        "library_profile_refresh",
+        "profile_request_compaction",
+    }
+    assert profile_defs.library_partitions.name == "inventory_pipeline__library_profile"
+
+
+def materializations(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, object]]:
+    out = {}
+    for event in result.get_asset_materialization_events():
+        mat = event.step_materialization_data.materialization
+        assert mat is not None and mat.partition is not None
+        out[mat.partition] = {k: v.value for k, v in mat.metadata.items()}
+    return out
+
+
+def test_sensor_claims_and_run_publishes_batch(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    srv = f.server(conn)
+    libs = [f.library(conn, srv, name=str(i)) for i in range(3)]
+    for lib in libs:
+        f.items(conn, lib, 8)
+    db = InventoryDatabase(url=db_url)
+    context = dg.build_sensor_context(instance=instance, resources={"inventory_db": db})
+    result = profile_defs.library_profile_sensor(context)
+    assert isinstance(result, dg.SensorResult)
+    [run] = result.run_requests or []
+    token = run.run_config["ops"]["refresh_claimed_profiles"]["config"]["lease_token"]
+    assert run.run_key == f"profile-claim-{token}"
+    [add] = result.dynamic_partitions_requests or []
+    assert sorted(add.partition_keys or []) == sorted(str(i) for i in libs)
+    instance.add_dynamic_partitions(profile_defs.library_partitions.name, [str(i) for i in libs])
+
+    job = profile_defs.library_profile_refresh
+    executed = job.execute_in_process(
+        run_config=run.run_config, instance=instance, resources={"inventory_db": db}
+    )
+    assert executed.success
+    mats = materializations(executed)
+    assert sorted(mats) == sorted(str(i) for i in libs)
+    assert all(m["acknowledged_revision"] == 1 and m["item_count"] == 8 for m in mats.values())
+    assert all(f.state(conn, lib)["acknowledged_revision"] == 1 for lib in libs)
+    checks = executed.get_asset_check_evaluations()
+    assert sorted(c.partition or "" for c in checks if c.passed) == sorted(str(i) for i in libs)
+    # Replaying the same run (a duplicated or hand-launched run) changes nothing.
+    again = job.execute_in_process(
+        run_config=run.run_config, instance=instance, resources={"inventory_db": db}
+    )
+    assert again.success and materializations(again) == {}
+    # Nothing left: the next tick skips.
+    assert isinstance(profile_defs.library_profile_sensor(context), dg.SkipReason)
+
+
+def test_backfill_goes_through_outbox(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    lib = f.library(conn)
+    f.items(conn, lib, 7)
+    instance.add_dynamic_partitions(profile_defs.library_partitions.name, [str(lib)])
+    db = InventoryDatabase(url=db_url)
+    result = dg.materialize(
+        [profile_defs.library_profile],
+        partition_key=str(lib),
+        instance=instance,
+        resources={"inventory_db": db},
+    )
+    assert result.success
+    assert materializations(result)[str(lib)]["acknowledged_revision"] == 1
+    [request] = f.requests(conn, lib)
+    assert (request["kind"], request["reason"], request["status"]) == (
+        "inventory_change",
+        "analyst_backfill",
+        "succeeded",
+    )
+    # The run records the partition's check as the database sees it.
+    [evaluation] = result.get_asset_check_evaluations()
+    assert evaluation.passed and evaluation.partition == str(lib)
+    # ...and fails once the inventory moves past the acknowledged revision.
+    execute(conn, "UPDATE media_server_items SET rating = 2 WHERE library_id = %s", (lib,))
+    stale = profile_defs.profile_current_result(db, lib)
+    assert not stale.passed
+    assert stale.metadata["revision"].value == 2
+
+
+def test_backfill_of_inactive_library_fails_the_run(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    lib = f.library(conn, active=False)
+    f.items(conn, lib, 7)
+    instance.add_dynamic_partitions(profile_defs.library_partitions.name, [str(lib)])
+    result = dg.materialize(
+        [profile_defs.library_profile],
+        partition_key=str(lib),
+        instance=instance,
+        resources={"inventory_db": InventoryDatabase(url=db_url)},
+        raise_on_error=False,
+    )
+    assert not result.success
+    assert f.state(conn, lib)["acknowledged_revision"] == 0
+
+
+def test_killed_run_is_recovered_by_the_lease(conn: Connection, db_url: str) -> None:
+    """A run that claimed and died: the lease expires, the next tick re-plans nothing new
+    but recovers the request, and a new claim completes it."""
+    lib = f.library(conn)
+    f.items(conn, lib, 6)
+    policy = RefreshPolicy()
+    service.plan(conn, policy)
+    dead = service.claim(conn, policy)
+    assert len(dead.claims) == 1
+    execute(
+        conn, "UPDATE profile_refresh_requests SET lease_expires_at = now(), available_at = now()"
+    )
+    assert service.plan(conn, policy).expired == 1
+    execute(conn, "UPDATE profile_refresh_requests SET available_at = now()")
+    fresh = service.claim(conn, policy)
+    assert [c.request_id for c in fresh.claims] == [c.request_id for c in dead.claims]
+    assert service.process_batch(conn, dead.lease_token, policy) == []
+    [done] = service.process_batch(conn, fresh.lease_token, policy)
+    assert done.outcome == "published"

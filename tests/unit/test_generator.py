@@ -1,0 +1,113 @@
+"""The profile generator and its coverage contract (no database)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from inventory_pipeline.profiles.generator import COLUMNS, generate_profile, top_genres
+
+
+def frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    defaults = {c: None for c in COLUMNS}
+    return pd.DataFrame([{**defaults, **r} for r in rows], columns=list(COLUMNS))
+
+
+def test_published_traits_with_shares_rounded() -> None:
+    rows = [
+        {
+            "genres": ["Drama", "Comedy"],
+            "rating": 1.0,
+            "primary_studio": "A24",
+            "original_language": "en",
+            "provider": "tmdb",
+            "provider_kind": "movie",
+        },
+        {
+            "genres": ["Drama", "Drama"],
+            "rating": 2.0,
+            "primary_studio": "A24",
+            "original_language": "en",
+            "provider": "tmdb",
+            "provider_kind": "movie",
+        },
+        {
+            "genres": ["Horror"],
+            "rating": 3.0,
+            "primary_studio": "Toho",
+            "original_language": "ja",
+            "provider": "tmdb",
+            "provider_kind": "tv",
+        },
+        {
+            "genres": ["Drama"],
+            "rating": 4.0,
+            "primary_studio": "A24",
+            "original_language": "en",
+            "provider": "tmdb",
+            "provider_kind": "movie",
+        },
+        {
+            "genres": ["Comedy"],
+            "rating": 10.0,
+            "primary_studio": "Pixar",
+            "original_language": "fr",
+            "provider": "tmdb",
+            "provider_kind": "movie",
+        },
+        {"genres": [], "rating": None, "primary_studio": None, "original_language": None},
+    ]
+    profile = generate_profile(frame(rows))
+    genres = profile["genres"]
+    assert genres["status"] == "published"
+    assert (genres["contributors"], genres["coverage"]) == (5, 0.8333)
+    # An item carrying a genre twice counts once.
+    assert genres["share"] == {"Drama": 0.6, "Comedy": 0.4, "Horror": 0.2}
+    rating = profile["rating"]
+    expected = np.percentile([1, 2, 3, 4, 10], [10, 50, 90])
+    assert rating["mean"] == 4.0 and rating["median"] == 3.0
+    assert (rating["p10"], rating["p90"]) == (round(expected[0], 4), round(expected[2], 4))
+    assert profile["primary_studio"]["share"] == {"A24": 0.6, "Pixar": 0.2, "Toho": 0.2}
+    assert profile["identity"]["share"] == {"tmdb:movie": 0.8, "tmdb:tv": 0.2}
+
+
+def test_insufficient_below_five_contributors_or_half_coverage() -> None:
+    four = [{"genres": ["Drama"], "rating": 5.0} for _ in range(4)]
+    profile = generate_profile(frame(four))
+    assert profile["genres"] == {"status": "insufficient", "coverage": 1.0, "contributors": 4}
+    assert "share" not in profile["genres"]
+    # Ten items, five with a rating: coverage exactly 0.5 is published...
+    half = [{"rating": 5.0} for _ in range(5)] + [{} for _ in range(5)]
+    assert generate_profile(frame(half))["rating"]["status"] == "published"
+    # ...one fewer is not, however many items there are.
+    below = [{"rating": 5.0} for _ in range(5)] + [{} for _ in range(6)]
+    result = generate_profile(frame(below))["rating"]
+    assert result == {"status": "insufficient", "coverage": 0.4545, "contributors": 5}
+
+
+def test_top_ten_then_other() -> None:
+    rows = [{"original_language": f"l{i:02d}"} for i in range(12) for _ in range(12 - i)]
+    share = generate_profile(frame(rows))["original_language"]["share"]
+    assert list(share)[:10] == [f"l{i:02d}" for i in range(10)]
+    total = sum(12 - i for i in range(12))
+    assert share["other"] == round((2 + 1) / total, 4)
+    assert len(share) == 11
+
+
+def test_ties_are_ordered_by_name() -> None:
+    rows = [{"primary_studio": s} for s in ["b", "a", "c", "a", "b", "c"]]
+    assert list(generate_profile(frame(rows))["primary_studio"]["share"]) == ["a", "b", "c"]
+
+
+def test_empty_library_has_no_profile() -> None:
+    with pytest.raises(ValueError):
+        generate_profile(frame([]))
+
+
+def test_top_genres_only_when_published() -> None:
+    rows = [{"genres": ["Drama"]} for _ in range(5)]
+    assert top_genres(generate_profile(frame(rows))) == [("Drama", 1.0)]
+    assert top_genres(generate_profile(frame(rows[:4]))) == []
