@@ -1,0 +1,1 @@
+"""Reproducible benchmarks; each figure is a ratio measured in one run."""

@@ -1,0 +1,108 @@
+"""Change capture cost on a 100k-item sync (seed 000 / issue 2 goals).
+
+Same statements, same server, same run, four ways: triggers disabled (baseline), the
+project's statement-level capture, a no-op trigger that only declares transition
+tables (the mechanism's floor) and a naive row-level trigger. Each measurement starts
+from a vacuumed table; the figure is the median over repetitions, as a ratio to the
+disabled baseline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from bench.common import Figure, median, scratch_database, timed
+from inventory_pipeline.db import Connection, connect, execute, fetch_one
+from inventory_pipeline.db.connection import execute_script
+from inventory_pipeline.db.queries import load_queries
+
+Q = load_queries("bench", "variants.sql")
+VARIANTS = ("disabled", "statement", "noop", "row")
+SCENARIOS = ("insert", "relevant_update", "unchanged_sync")
+
+
+def _configure(conn: Connection, variant: str) -> None:
+    execute_script(conn, Q["drop_variants"])
+    execute_script(conn, Q["disable_capture"] if variant != "statement" else Q["enable_capture"])
+    if variant == "noop":
+        execute_script(conn, Q["install_noop"])
+    elif variant == "row":
+        execute_script(conn, Q["install_row"])
+
+
+def _revisions(conn: Connection) -> int:
+    row = fetch_one(conn, Q["revisions"])
+    assert row is not None
+    return int(row["total"])
+
+
+def _measure(conn: Connection, variant: str, items: int) -> tuple[dict[str, float], int]:
+    _configure(conn, variant)
+    execute(conn, Q["truncate_items"])
+    execute(conn, "VACUUM media_server_items")
+    times = {"insert": timed(lambda: execute(conn, Q["sync_insert"], {"items": items}))}
+    execute(conn, "VACUUM media_server_items")
+    times["relevant_update"] = timed(lambda: execute(conn, Q["sync_relevant_update"]))
+    execute(conn, "VACUUM media_server_items")
+    before = _revisions(conn)
+    times["unchanged_sync"] = timed(lambda: execute(conn, Q["sync_unchanged"]))
+    bumps = _revisions(conn) - before
+    return times, bumps
+
+
+def run(admin_url: str, smoke: bool, work_mem: str = "64MB") -> list[Figure]:
+    items = 2_000 if smoke else 100_000
+    reps = 1 if smoke else 5
+    samples: dict[str, dict[str, list[float]]] = {
+        v: {s: [] for s in SCENARIOS} for v in VARIANTS
+    }
+    unchanged_bumps = 0
+    with scratch_database(admin_url) as url, connect(url) as conn:
+        execute(conn, f"SET work_mem = '{work_mem}'")  # fixed literal, not user input
+        execute_script(conn, Q["setup_libraries"])
+        for rep in range(reps):
+            order = VARIANTS[rep % len(VARIANTS):] + VARIANTS[: rep % len(VARIANTS)]
+            for variant in order:
+                times, bumps = _measure(conn, variant, items)
+                for scenario, seconds in times.items():
+                    samples[variant][scenario].append(seconds)
+                if variant == "statement":
+                    unchanged_bumps += bumps
+        _configure(conn, "statement")
+    base = {s: median(samples["disabled"][s]) for s in SCENARIOS}
+
+    def ratio(variant: str, scenario: str) -> float:
+        return median(samples[variant][scenario]) / base[scenario]
+
+    goals: dict[str, tuple[float, Callable[[float], bool]]] = {
+        "insert": (1.15, lambda r: r <= 1.15),
+        "relevant_update": (1.35, lambda r: r <= 1.35),
+        "unchanged_sync": (1.35, lambda r: r <= 1.35),
+    }
+    label = f"{items // 1000}k items, work_mem {work_mem}"
+    figures = []
+    for scenario in SCENARIOS:
+        limit, ok = goals[scenario]
+        r = ratio("statement", scenario)
+        figures.append(
+            Figure(
+                f"capture {scenario} vs triggers disabled ({label})",
+                r,
+                "x",
+                f"goal <= {limit}x; baseline {base[scenario] * 1000:.0f} ms",
+                None if smoke else ok(r),
+            )
+        )
+        figures.append(
+            Figure(f"  floor: no-op transition-table trigger, {scenario}",
+                   ratio("noop", scenario), "x", "for comparison")
+        )
+        figures.append(
+            Figure(f"  naive row-level trigger, {scenario}", ratio("row", scenario), "x",
+                   "for comparison")
+        )
+    figures.append(
+        Figure(f"capture unchanged_sync revision bumps ({label})", unchanged_bumps, "",
+               "goal 0", unchanged_bumps == 0)
+    )
+    return figures
