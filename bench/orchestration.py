@@ -63,9 +63,15 @@ def daemon(admin_url: str, app_url: str, extra_env: dict[str, str]) -> Iterator[
         log = Path(home) / "daemon.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-m",
-                 "inventory_pipeline.definitions"],
-                env=env, stdout=out, stderr=subprocess.STDOUT,
+                [
+                    str(Path(sys.executable).parent / "dagster-daemon"),
+                    "run",
+                    "-m",
+                    "inventory_pipeline.definitions",
+                ],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
             try:
                 yield
@@ -110,14 +116,23 @@ def run(admin_url: str, smoke: bool) -> list[Figure]:
     single_per_library = single / per_partition_libraries
     ratio = (single_per_library * libraries) / batched
     return [
-        Figure(f"burst of {libraries} dirty libraries, batched runs", batched, " s",
-               "wall time commit -> all acknowledged"),
+        Figure(
+            f"burst of {libraries} dirty libraries, batched runs",
+            batched,
+            " s",
+            "wall time commit -> all acknowledged",
+        ),
         Figure(
             f"one run per partition ({per_partition_libraries} libraries measured)",
             single_per_library,
             " s/library",
             "baseline",
         ),
-        Figure("batched speed-up over one run per partition", ratio, "x", "goal >= 10x",
-               None if smoke else ratio >= 10),
+        Figure(
+            "batched speed-up over one run per partition",
+            ratio,
+            "x",
+            "goal >= 10x",
+            None if smoke else ratio >= 10,
+        ),
     ]

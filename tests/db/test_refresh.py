@@ -386,3 +386,16 @@ def test_backfill_goes_through_outbox_and_joins_active_request(conn: Connection)
     reasons = [r["reason"] for r in f.requests(conn, clean)]
     assert reasons == ["inventory_changed", "analyst_backfill"]
     assert f.state(conn, dirty)["acknowledged_revision"] == 1
+
+
+def test_library_deletion_removes_its_requests_and_profile(conn: Connection) -> None:
+    lib = f.library(conn)
+    f.items(conn, lib, 6)
+    refresh_all(conn)
+    f.items(conn, lib, 1)
+    service.plan(conn, POLICY)
+    assert len(f.requests(conn, lib)) == 2
+    execute(conn, "DELETE FROM libraries WHERE id = %s", (lib,))
+    assert f.requests(conn, lib) == []
+    assert f.profile(conn, lib) is None
+    assert service.plan(conn, POLICY).planned == 0
