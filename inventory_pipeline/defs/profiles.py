@@ -114,7 +114,7 @@ def library_profile(
     failed: list[str] = []
     with inventory_db.connection() as conn:
         for result in service.backfill(conn, library_ids, inventory_db.policy()):
-            if result.completion is not None:
+            if result.status == "refreshed" and result.completion is not None:
                 context.log_event(materialization(result.completion))
             elif result.status in ("refreshed_elsewhere", "never_stocked"):
                 context.log_event(

@@ -205,7 +205,14 @@ def backfill(
             completion = process(conn, c, policy, generate)
             if completion.outcome in ("published", "removed"):
                 results[c.library_id] = BackfillResult(c.library_id, "refreshed", completion)
-                del waiting[c.request_id]
+            else:
+                # One attempt per backfill: a failure keeps its backoff for the automatic
+                # path instead of burning the remaining attempts (and tripping the
+                # circuit) in a tight loop.
+                results[c.library_id] = BackfillResult(
+                    c.library_id, "failed", completion, error=completion.error or "claim lost"
+                )
+            del waiting[c.request_id]
         for row in repository.request_outcomes(conn, list(waiting)):
             if row["status"] == "succeeded":
                 results[row["library_id"]] = BackfillResult(

@@ -399,3 +399,12 @@ def test_library_deletion_removes_its_requests_and_profile(conn: Connection) -> 
     assert f.requests(conn, lib) == []
     assert f.profile(conn, lib) is None
     assert service.plan(conn, POLICY).planned == 0
+
+
+def test_failed_backfill_spends_one_attempt(conn: Connection) -> None:
+    lib = f.library(conn)
+    f.items(conn, lib, 6)
+    [result] = service.backfill(conn, [lib], POLICY, generate=broken)
+    assert result.status == "failed" and "generation blew up" in (result.error or "")
+    [request] = f.requests(conn, lib)
+    assert (request["status"], request["attempts"]) == ("pending", 1)
