@@ -1,0 +1,53 @@
+"""Frozen values of provider observation (seed 003).
+
+Only these reach the rest of the program: a validated observation or a failure with an
+allowlisted category and a bounded delay. No raw body, header, URL or key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date
+from typing import Literal
+
+ProviderKind = Literal["movie", "tv"]
+
+# seed 003: allowlisted failure categories.
+Category = Literal[
+    "not_found", "auth", "throttled", "transient", "invalid_response", "configuration"
+]
+CATEGORIES: tuple[Category, ...] = (
+    "not_found",
+    "auth",
+    "throttled",
+    "transient",
+    "invalid_response",
+    "configuration",
+)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A validated TMDb movie or TV record."""
+
+    tmdb_id: int
+    kind: ProviderKind
+    title: str
+    genres: tuple[str, ...]
+    vote_average: float | None
+    vote_count: int | None
+    original_language: str | None
+    companies: tuple[str, ...]
+    release_date: date | None
+    status: str | None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An allowlisted category and, for throttling, the bounded Retry-After delay."""
+
+    category: Category
+    retry_after_seconds: int | None = None
+
+
+FetchResult = Observation | Failure

@@ -1,0 +1,299 @@
+"""A local TMDb v3 stand-in over real HTTP, for the demo and the tests.
+
+It serves the documented endpoints (`/3/movie/{id}`, `/3/tv/{id}`,
+`/3/configuration`) with TMDb-shaped bodies and error bodies, checks the API key, and
+has switchable faults so observation and recovery are visible without internet:
+
+    POST   /__standin/faults   {"fault": "status", "status": 503, "ids": [12]}
+    DELETE /__standin/faults
+    POST   /__standin/catalog  {"kind": "movie", "id": 12, "available": true}
+    GET    /__standin/stats    arrivals per second
+
+Faults: status (any HTTP status, TMDb error body), throttle (429 + Retry-After),
+slow (delay seconds), drip (body a byte at a time), truncate (promise more than is
+sent), close (hang up without answering), oversize (a body over 64 KiB), garbage
+(not JSON), missing (a 200 without required fields).
+It binds to loopback only and never logs request lines (they carry the key).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+GENRES = ("Drama", "Comedy", "Action", "Thriller", "Science Fiction", "Animation", "Crime")
+LANGUAGES = ("en", "en", "en", "fr", "ja", "ko", "de", "es")
+COMPANIES = ("A24", "Pixar", "Studio Ghibli", "Warner Bros.", "Toho", "Canal+")
+NOT_FOUND = {
+    "status_code": 34,
+    "status_message": "The resource you requested could not be found.",
+    "success": False,
+}
+INVALID_KEY = {
+    "status_code": 7,
+    "status_message": "Invalid API key: You must be granted a valid key.",
+    "success": False,
+}
+THROTTLED = {
+    "status_code": 25,
+    "status_message": "Your request count (#) is over the allowed limit of (40).",
+    "success": False,
+}
+
+
+def record(kind: str, tmdb_id: int) -> dict[str, Any]:
+    """A deterministic TMDb-shaped record for any id."""
+    rng = random.Random(f"{kind}:{tmdb_id}")
+    title_key, date_key = (
+        ("title", "release_date") if kind == "movie" else ("name", "first_air_date")
+    )
+    return {
+        "id": tmdb_id,
+        title_key: f"{kind.title()} {tmdb_id}",
+        "genres": [{"id": i, "name": g} for i, g in enumerate(rng.sample(GENRES, 2))],
+        "vote_average": round(rng.uniform(3, 9), 1),
+        "vote_count": rng.randint(10, 20000),
+        "original_language": rng.choice(LANGUAGES),
+        "production_companies": [{"id": 1, "name": rng.choice(COMPANIES), "logo_path": None}],
+        date_key: f"{rng.randint(1960, 2025)}-0{rng.randint(1, 9)}-1{rng.randint(0, 9)}",
+        "status": "Released" if kind == "movie" else "Ended",
+        "popularity": rng.uniform(0, 100),
+        "adult": False,
+    }
+
+
+CONFIGURATION = {
+    "images": {
+        "base_url": "http://image.tmdb.org/t/p/",
+        "secure_base_url": "https://image.tmdb.org/t/p/",
+        "poster_sizes": ["w92", "w154", "original"],
+    },
+    "change_keys": ["adult", "genres", "original_language", "title"],
+}
+
+
+@dataclass
+class Fault:
+    fault: str
+    status: int = 500
+    retry_after: str | None = None
+    delay: float = 0.0
+    ids: frozenset[int] | None = None
+
+    def applies(self, tmdb_id: int | None) -> bool:
+        return self.ids is None or (tmdb_id is not None and tmdb_id in self.ids)
+
+
+@dataclass
+class StandInState:
+    api_key: str
+    missing: set[tuple[str, int]] = field(default_factory=set)
+    fault: Fault | None = None
+    arrivals: list[float] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def per_second(self) -> Counter[int]:
+        with self.lock:
+            return Counter(int(t) for t in self.arrivals)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return  # request lines carry the API key
+
+    def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json;charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, status: int, value: Any, headers: dict[str, str] | None = None) -> None:
+        self._send(status, json.dumps(value).encode(), headers)
+
+    def _admin_body(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length) or b"{}") if length else {}
+        return body if isinstance(body, dict) else {}
+
+    def do_POST(self) -> None:
+        state = self.server.state
+        path = urlsplit(self.path).path
+        body = self._admin_body()
+        if path == "/__standin/faults":
+            ids = body.get("ids")
+            with state.lock:
+                state.fault = Fault(
+                    fault=str(body.get("fault", "status")),
+                    status=int(body.get("status", 500)),
+                    retry_after=body.get("retry_after"),
+                    delay=float(body.get("delay", 0)),
+                    ids=frozenset(int(i) for i in ids) if ids is not None else None,
+                )
+            self._json(200, {"ok": True})
+        elif path == "/__standin/catalog":
+            key = (str(body["kind"]), int(body["id"]))
+            with state.lock:
+                if body.get("available", True):
+                    state.missing.discard(key)
+                else:
+                    state.missing.add(key)
+            self._json(200, {"ok": True})
+        else:
+            self._json(404, NOT_FOUND)
+
+    def do_DELETE(self) -> None:
+        if urlsplit(self.path).path == "/__standin/faults":
+            with self.server.state.lock:
+                self.server.state.fault = None
+            self._json(200, {"ok": True})
+        else:
+            self._json(404, NOT_FOUND)
+
+    def do_GET(self) -> None:
+        state = self.server.state
+        url = urlsplit(self.path)
+        if url.path == "/__standin/stats":
+            counts = state.per_second()
+            self._json(
+                200,
+                {
+                    "requests": sum(counts.values()),
+                    "max_per_second": max(counts.values(), default=0),
+                },
+            )
+            return
+        with state.lock:
+            state.arrivals.append(time.time())
+            fault = state.fault
+        parts = url.path.strip("/").split("/")
+        kind = parts[1] if len(parts) == 3 and parts[0] == "3" else None
+        tmdb_id = int(parts[2]) if kind and parts[2].isdigit() else None
+        if fault is not None and fault.applies(tmdb_id) and self._fault(fault):
+            return
+        key = parse_qs(url.query).get("api_key", [None])[0]
+        if key != state.api_key:
+            self._json(401, INVALID_KEY)
+            return
+        if url.path == "/3/configuration":
+            self._json(200, CONFIGURATION)
+            return
+        if kind not in ("movie", "tv") or tmdb_id is None or (kind, tmdb_id) in state.missing:
+            self._json(404, NOT_FOUND)
+            return
+        self._json(200, record(kind, tmdb_id))
+
+    def _fault(self, fault: Fault) -> bool:
+        """Answer with the fault; False when the request should be served normally."""
+        if fault.fault == "slow":
+            time.sleep(fault.delay)
+            return False
+        if fault.fault == "status":
+            body = (
+                NOT_FOUND
+                if fault.status == 404
+                else {"status_code": 11, "success": False, "status_message": "Internal error."}
+            )
+            self._json(fault.status, body)
+        elif fault.fault == "throttle":
+            headers = {"Retry-After": fault.retry_after} if fault.retry_after is not None else {}
+            self._json(429, THROTTLED, headers)
+        elif fault.fault == "garbage":
+            self._send(200, b"<html>not json</html>")
+        elif fault.fault == "missing":
+            self._json(200, {"id": 1, "adult": False})
+        elif fault.fault == "oversize":
+            self._json(200, {"id": 1, "padding": "x" * (1024 * 1024)})
+        elif fault.fault == "drip":
+            payload = json.dumps(CONFIGURATION).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            for byte in payload:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(fault.delay or 0.5)
+        elif fault.fault == "truncate":
+            self.send_response(200)
+            self.send_header("Content-Length", "5000")
+            self.end_headers()
+            self.wfile.write(b'{"id": 1, "title": "cut')
+            self.close_connection = True
+        elif fault.fault == "close":
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+        else:
+            return False
+        return True
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    state: StandInState
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        return  # clients that hang up early (deadlines, limits) are expected here
+
+
+class StandIn:
+    """Run the stand-in on 127.0.0.1 in a background thread."""
+
+    def __init__(self, api_key: str = "standin-key", port: int = 0) -> None:
+        self._server = _Server(("127.0.0.1", port), _Handler)
+        self._server.state = StandInState(api_key=api_key)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def state(self) -> StandInState:
+        return self._server.state
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> StandIn:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> StandIn:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def set_fault(self, fault: str, **options: Any) -> None:
+        ids = options.pop("ids", None)
+        with self.state.lock:
+            self.state.fault = Fault(
+                fault=fault, ids=frozenset(ids) if ids is not None else None, **options
+            )
+
+    def clear_fault(self) -> None:
+        with self.state.lock:
+            self.state.fault = None
+
+    def set_available(self, kind: str, tmdb_id: int, available: bool) -> None:
+        with self.state.lock:
+            if available:
+                self.state.missing.discard((kind, tmdb_id))
+            else:
+                self.state.missing.add((kind, tmdb_id))

@@ -1,0 +1,167 @@
+"""TMDb API v3 client: `GET /3/movie/{id}` and `/3/tv/{id}` with the API-key flow.
+
+Every outcome becomes an Observation or an allowlisted Failure. The key travels in the
+query string, so nothing here ever formats a request URL, an httpx exception or a
+response body into text; httpx's own request logging is silenced and redacted.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import httpx
+
+from inventory_pipeline.provider.models import Failure, FetchResult, ProviderKind
+from inventory_pipeline.provider.parsing import InvalidResponse, parse_body, tmdb_status_code
+from inventory_pipeline.provider.retry_after import parse_retry_after
+
+DEFAULT_BASE_URL = "https://api.themoviedb.org"
+MAX_BODY_BYTES = 512 * 1024
+
+NOT_FOUND_CODES = frozenset({6, 34})
+AUTH_CODES = frozenset({3, 7, 10})
+THROTTLED_CODES = frozenset({25})
+
+_KEY = re.compile(r"(api_key=)[^&\s\"']+", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """Hide an API key carried in a URL query string."""
+    return _KEY.sub(r"\1***", text)
+
+
+class _RedactKeys(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = redact(record.getMessage())
+        record.args = None
+        return True
+
+
+for _name in ("httpx", "httpcore"):
+    _logger = logging.getLogger(_name)
+    _logger.setLevel(logging.WARNING)
+    _logger.addFilter(_RedactKeys())
+
+
+class ProviderConfigError(ValueError):
+    """The provider base URL is invalid."""
+
+
+class BodyTooLarge(Exception):
+    """The decoded response body is over the limit."""
+
+
+class DeadlineExceeded(Exception):
+    """The whole request took longer than its deadline."""
+
+
+def validate_base_url(base_url: str) -> str:
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
+        raise ProviderConfigError(
+            f"TMDb base URL must be http(s)://host[:port][/path], got {redact(base_url)!r}"
+        )
+    return base_url.rstrip("/")
+
+
+def read_limited(chunks: Iterator[bytes], limit: int, deadline: float) -> bytes:
+    """Collect decoded bytes, refusing bodies over `limit` (gzip bombs included) and
+    bodies still arriving at `deadline` (a slow drip defeats per-read timeouts)."""
+    body = bytearray()
+    for chunk in chunks:
+        body += chunk
+        if len(body) > limit:
+            raise BodyTooLarge
+        if time.monotonic() > deadline:
+            raise DeadlineExceeded
+    return bytes(body)
+
+
+def classify(status: int, raw: bytes, retry_after: int | None) -> Failure:
+    """seed 003 categories from the HTTP status and TMDb's own error code."""
+    code = tmdb_status_code(raw)
+    if status == 404 or code in NOT_FOUND_CODES:
+        return Failure("not_found", retry_after)
+    if status == 401 or code in AUTH_CODES:
+        return Failure("auth", retry_after)
+    if status == 429 or code in THROTTLED_CODES:
+        return Failure("throttled", retry_after)
+    if status >= 500:
+        return Failure("transient", retry_after)
+    return Failure("invalid_response", retry_after)
+
+
+class TmdbClient:
+    """One pooled HTTP client; safe to share between threads. `timeout_seconds` bounds
+    each network operation and the whole request."""
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_BASE_URL,
+        *,
+        timeout_seconds: float = 10.0,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = validate_base_url(base_url)
+        self.max_body_bytes = max_body_bytes
+        self.timeout_seconds = timeout_seconds
+        self._client = httpx.Client(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(timeout_seconds),
+            transport=transport,
+            follow_redirects=False,
+            headers={"Accept": "application/json"},
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> TmdbClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def get(
+        self, path: str, api_key: str | None, language: str | None = None, limit: int | None = None
+    ) -> tuple[int, bytes, int | None] | Failure:
+        """GET a path: (status, decoded body, bounded Retry-After) or a transport Failure."""
+        if not api_key:
+            return Failure("configuration")
+        params = {"api_key": api_key}
+        if language:
+            params["language"] = language
+        deadline = time.monotonic() + self.timeout_seconds
+        try:
+            with self._client.stream("GET", path, params=params) as response:
+                raw = read_limited(
+                    response.iter_bytes(), limit or self.max_body_bytes, deadline
+                )
+                retry_after = parse_retry_after(response.headers.get("retry-after"))
+                return response.status_code, raw, retry_after
+        except BodyTooLarge:
+            return Failure("invalid_response")
+        except httpx.DecodingError:
+            return Failure("invalid_response")
+        except (httpx.HTTPError, DeadlineExceeded):
+            # Timeouts, refused or reset connections, bodies cut short: all transient.
+            return Failure("transient")
+
+    def fetch(
+        self, kind: ProviderKind, tmdb_id: int, api_key: str | None, language: str | None = None
+    ) -> FetchResult:
+        answer = self.get(f"/3/{kind}/{tmdb_id}", api_key, language)
+        if isinstance(answer, Failure):
+            return answer
+        status, raw, retry_after = answer
+        if status != 200:
+            return classify(status, raw, retry_after)
+        try:
+            return parse_body(raw, kind, tmdb_id)
+        except InvalidResponse:
+            return Failure("invalid_response")

@@ -1,0 +1,172 @@
+-- Every statement of provider observation and recovery (seed 003).
+
+-- name: provider_settings
+SELECT api_key, active, language FROM provider_settings WHERE provider = 'tmdb';
+
+-- name: save_provider_settings
+UPDATE provider_settings
+SET api_key = %(api_key)s, active = %(active)s, language = %(language)s, updated_at = now()
+WHERE provider = 'tmdb';
+
+-- name: due_items
+-- Items due for observation: never observed or source changed (due now), retry or
+-- recheck deadline passed, or lease expired; in an active movie/TV library.
+SELECT count(*) AS due
+FROM media_server_items i
+JOIN libraries l ON l.id = i.library_id
+JOIN media_servers m ON m.id = l.server_id
+WHERE i.provider = 'tmdb'
+  AND i.provider_kind IN ('movie', 'tv')
+  AND i.observation_due_at <= now()
+  AND (i.observation_lease_token IS NULL OR i.observation_lease_expires_at <= now())
+  AND l.active AND m.active AND l.media_kind IN ('movie', 'tv');
+
+-- name: claim_due
+-- seed 003: compare-and-set claim before provider I/O, each item under a fresh UUID
+-- and a five-minute lease; SKIP LOCKED so concurrent observers never double-claim.
+-- Returns the source snapshot the completion is bound to.
+WITH due AS (
+    SELECT i.id
+    FROM media_server_items i
+    JOIN libraries l ON l.id = i.library_id
+    JOIN media_servers m ON m.id = l.server_id
+    WHERE i.provider = 'tmdb'
+      AND i.provider_kind IN ('movie', 'tv')
+      AND i.observation_due_at <= now()
+      AND (i.observation_lease_token IS NULL OR i.observation_lease_expires_at <= now())
+      AND l.active AND m.active AND l.media_kind IN ('movie', 'tv')
+    ORDER BY i.observation_due_at, i.id
+    LIMIT %(limit)s
+    FOR UPDATE OF i SKIP LOCKED
+)
+UPDATE media_server_items i
+SET observation_lease_token = gen_random_uuid(),
+    observation_lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+FROM due
+WHERE i.id = due.id
+RETURNING i.id, i.provider_kind, i.provider_id, i.source_generation, i.observation_lease_token,
+          i.recovery_case_id, i.recovery_category, i.recovery_attempts, i.recovery_resolved_at;
+
+-- name: complete_observed
+-- seed 003: one guarded statement saves the validated observation, resolves an open
+-- case, sets the recheck deadline, releases the lease and counts the attempt. Only the
+-- current lease token and source generation match. The observed original language
+-- flows into the profile projection through the ordinary change capture.
+WITH before AS (
+    SELECT id, recovery_case_id, recovery_resolved_at, recovery_category, recovery_attempts
+    FROM media_server_items
+    WHERE id = %(item_id)s
+      AND observation_lease_token = %(lease_token)s
+      AND source_generation = %(source_generation)s
+    FOR UPDATE
+),
+item AS (
+    UPDATE media_server_items i
+    SET original_language = COALESCE(%(original_language)s, i.original_language),
+        observed_at = now(),
+        last_attempt_at = now(),
+        observation_due_at = now() + make_interval(secs => %(recheck_seconds)s),
+        observation_lease_token = NULL,
+        observation_lease_expires_at = NULL,
+        observation_attempts = i.observation_attempts + 1,
+        observation_successes = i.observation_successes + 1,
+        recovery_resolved_at = CASE
+            WHEN i.recovery_case_id IS NOT NULL AND i.recovery_resolved_at IS NULL THEN now()
+            ELSE i.recovery_resolved_at END
+    FROM before
+    WHERE i.id = before.id
+    RETURNING i.id, i.source_generation, i.observation_due_at
+),
+saved AS (
+    INSERT INTO provider_observations AS o (
+        item_id, source_generation, provider_kind, tmdb_id, title, genres, vote_average,
+        vote_count, original_language, companies, release_date, status, observed_at)
+    SELECT item.id, item.source_generation, %(provider_kind)s, %(tmdb_id)s, %(title)s,
+           %(genres)s, %(vote_average)s, %(vote_count)s, %(original_language)s,
+           %(companies)s, %(release_date)s, %(status)s, now()
+    FROM item
+    ON CONFLICT (item_id) DO UPDATE
+    SET source_generation = EXCLUDED.source_generation,
+        provider_kind = EXCLUDED.provider_kind,
+        tmdb_id = EXCLUDED.tmdb_id,
+        title = EXCLUDED.title,
+        genres = EXCLUDED.genres,
+        vote_average = EXCLUDED.vote_average,
+        vote_count = EXCLUDED.vote_count,
+        original_language = EXCLUDED.original_language,
+        companies = EXCLUDED.companies,
+        release_date = EXCLUDED.release_date,
+        status = EXCLUDED.status,
+        observed_at = EXCLUDED.observed_at
+    RETURNING o.item_id
+)
+SELECT item.id, item.observation_due_at,
+       before.recovery_case_id AS case_id,
+       before.recovery_case_id IS NOT NULL AND before.recovery_resolved_at IS NULL AS resolved,
+       before.recovery_category AS previous_category,
+       before.recovery_attempts AS attempts,
+       (SELECT count(*) FROM saved) AS saved
+FROM item, before;
+
+-- name: complete_failed
+-- seed 003: one guarded statement records the failure on the item's one recovery
+-- record: a new case (fresh opaque id) when none is open, else the same case with its
+-- attempts counted and its cause updated; the retry deadline; lease release; counters.
+WITH before AS (
+    SELECT id, recovery_case_id, recovery_resolved_at, recovery_category
+    FROM media_server_items
+    WHERE id = %(item_id)s
+      AND observation_lease_token = %(lease_token)s
+      AND source_generation = %(source_generation)s
+    FOR UPDATE
+),
+item AS (
+    UPDATE media_server_items i
+    SET recovery_case_id = CASE
+            WHEN before.recovery_case_id IS NULL OR before.recovery_resolved_at IS NOT NULL
+            THEN gen_random_uuid() ELSE i.recovery_case_id END,
+        recovery_provider = i.provider,
+        recovery_provider_kind = i.provider_kind,
+        recovery_provider_id = i.provider_id,
+        recovery_category = %(category)s,
+        recovery_attempts = CASE
+            WHEN before.recovery_case_id IS NULL OR before.recovery_resolved_at IS NOT NULL
+            THEN 1 ELSE i.recovery_attempts + 1 END,
+        recovery_first_failed_at = CASE
+            WHEN before.recovery_case_id IS NULL OR before.recovery_resolved_at IS NOT NULL
+            THEN now() ELSE i.recovery_first_failed_at END,
+        recovery_last_failed_at = now(),
+        recovery_resolved_at = NULL,
+        observation_due_at = now() + make_interval(secs => %(delay_seconds)s),
+        observation_lease_token = NULL,
+        observation_lease_expires_at = NULL,
+        last_attempt_at = now(),
+        observation_attempts = i.observation_attempts + 1
+    FROM before
+    WHERE i.id = before.id
+    RETURNING i.id, i.recovery_case_id, i.recovery_attempts, i.observation_due_at
+)
+SELECT item.id, item.recovery_case_id AS case_id, item.recovery_attempts AS attempts,
+       item.observation_due_at,
+       before.recovery_case_id IS NULL OR before.recovery_resolved_at IS NOT NULL AS opened,
+       before.recovery_category AS previous_category
+FROM item, before;
+
+-- name: overdue_cases
+-- Open cases past their deadline by more than the grace with no live attempt: the
+-- observer is not keeping up (or not running).
+SELECT i.id, i.recovery_category, i.observation_due_at
+FROM media_server_items i
+WHERE i.recovery_case_id IS NOT NULL
+  AND i.recovery_resolved_at IS NULL
+  AND i.observation_due_at < now() - make_interval(secs => %(grace_seconds)s)
+  AND (i.observation_lease_token IS NULL OR i.observation_lease_expires_at <= now())
+ORDER BY i.observation_due_at
+LIMIT %(limit)s;
+
+-- name: case_overview
+SELECT recovery_category AS category, count(*) AS open_cases
+FROM media_server_items
+WHERE recovery_case_id IS NOT NULL AND recovery_resolved_at IS NULL
+GROUP BY recovery_category
+ORDER BY recovery_category;

@@ -1,0 +1,101 @@
+"""Runs the named statements of `queries.sql` and turns rows into frozen values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inventory_pipeline.db import Connection, Row, execute, fetch_all, fetch_one
+from inventory_pipeline.db.queries import load_queries
+from inventory_pipeline.provider.models import Observation
+from inventory_pipeline.recovery.models import ItemClaim, OverdueCase, ProviderSettings
+
+QUERIES = load_queries("inventory_pipeline.recovery")
+
+
+def provider_settings(conn: Connection) -> ProviderSettings:
+    row = fetch_one(conn, QUERIES["provider_settings"])
+    if row is None:
+        return ProviderSettings(None, False, None)
+    return ProviderSettings(row["api_key"], row["active"], row["language"])
+
+
+def save_provider_settings(conn: Connection, settings: ProviderSettings) -> None:
+    execute(
+        conn,
+        QUERIES["save_provider_settings"],
+        {"api_key": settings.api_key, "active": settings.active, "language": settings.language},
+    )
+
+
+def due_items(conn: Connection) -> int:
+    row = fetch_one(conn, QUERIES["due_items"])
+    return 0 if row is None else int(row["due"])
+
+
+def claim_due(conn: Connection, limit: int, lease_seconds: int) -> list[ItemClaim]:
+    rows = fetch_all(conn, QUERIES["claim_due"], {"limit": limit, "lease_seconds": lease_seconds})
+    return [
+        ItemClaim(
+            item_id=r["id"],
+            provider_kind=r["provider_kind"],
+            provider_id=r["provider_id"],
+            source_generation=r["source_generation"],
+            lease_token=r["observation_lease_token"],
+            open_case=r["recovery_case_id"] is not None and r["recovery_resolved_at"] is None,
+            recovery_category=r["recovery_category"],
+            recovery_attempts=r["recovery_attempts"],
+        )
+        for r in sorted(rows, key=lambda r: r["id"])
+    ]
+
+
+def _guard(claim: ItemClaim) -> dict[str, Any]:
+    return {
+        "item_id": claim.item_id,
+        "lease_token": claim.lease_token,
+        "source_generation": claim.source_generation,
+    }
+
+
+def complete_observed(
+    conn: Connection, claim: ItemClaim, observation: Observation, recheck_seconds: int
+) -> Row | None:
+    return fetch_one(
+        conn,
+        QUERIES["complete_observed"],
+        {
+            **_guard(claim),
+            "recheck_seconds": recheck_seconds,
+            "provider_kind": observation.kind,
+            "tmdb_id": observation.tmdb_id,
+            "title": observation.title,
+            "genres": list(observation.genres),
+            "vote_average": observation.vote_average,
+            "vote_count": observation.vote_count,
+            "original_language": observation.original_language,
+            "companies": list(observation.companies),
+            "release_date": observation.release_date,
+            "status": observation.status,
+        },
+    )
+
+
+def complete_failed(
+    conn: Connection, claim: ItemClaim, category: str, delay_seconds: int
+) -> Row | None:
+    return fetch_one(
+        conn,
+        QUERIES["complete_failed"],
+        {**_guard(claim), "category": category, "delay_seconds": delay_seconds},
+    )
+
+
+def overdue_cases(conn: Connection, grace_seconds: int, limit: int = 20) -> list[OverdueCase]:
+    rows = fetch_all(
+        conn, QUERIES["overdue_cases"], {"grace_seconds": grace_seconds, "limit": limit}
+    )
+    return [OverdueCase(r["id"], r["recovery_category"], r["observation_due_at"]) for r in rows]
+
+
+def case_overview(conn: Connection) -> dict[str, int]:
+    return {r["category"]: int(r["open_cases"]) for r in fetch_all(conn, QUERIES["case_overview"])}
