@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import dagster as dg
 
-from inventory_pipeline.defs import profiles
+from inventory_pipeline.defs import observation, profiles
 from inventory_pipeline.defs.resources import inventory_database
 
 defs = dg.Definitions(
-    assets=[profiles.library_profile],
-    asset_checks=[profiles.library_profile_current],
-    jobs=[profiles.library_profile_refresh, profiles.profile_request_compaction],
-    sensors=[profiles.library_profile_sensor],
+    assets=[profiles.library_profile, observation.provider_observations],
+    asset_checks=[profiles.library_profile_current, observation.recovery_cases_on_time],
+    jobs=[
+        profiles.library_profile_refresh,
+        profiles.profile_request_compaction,
+        observation.provider_observation,
+    ],
+    sensors=[profiles.library_profile_sensor, observation.provider_observation_sensor],
     schedules=[profiles.compaction_schedule],
     resources={"inventory_db": inventory_database()},
 )

@@ -17,6 +17,11 @@ DATABASE_URL = "INVENTORY_DATABASE_URL"
 DAGSTER_STORAGE_URL = "INVENTORY_DAGSTER_STORAGE_URL"
 DATA_DIR = "INVENTORY_DATA_DIR"
 MAX_RUNS_PER_TICK = "INVENTORY_MAX_RUNS_PER_TICK"
+TMDB_BASE_URL = "INVENTORY_TMDB_BASE_URL"
+TMDB_RATE = "INVENTORY_TMDB_RATE"
+OBSERVATION_WORKERS = "INVENTORY_OBSERVATION_WORKERS"
+OBSERVATION_MAX_ITEMS = "INVENTORY_OBSERVATION_MAX_ITEMS"
+DEFAULT_TMDB_BASE_URL = "https://api.themoviedb.org"
 
 # RefreshPolicy field -> environment variable, e.g. lease_seconds -> INVENTORY_LEASE_SECONDS
 POLICY_ENV = {f.name: "INVENTORY_" + f.name.upper() for f in fields(RefreshPolicy)}
@@ -39,6 +44,15 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
+def _base_url(value: str) -> str:
+    from inventory_pipeline.provider.tmdb import ProviderConfigError, validate_base_url
+
+    try:
+        return validate_base_url(value)
+    except ProviderConfigError as exc:
+        raise SettingsError(f"{TMDB_BASE_URL}: {exc}") from None
+
+
 @dataclass(frozen=True)
 class Settings:
     database_url: str | None
@@ -46,6 +60,10 @@ class Settings:
     data_dir: Path
     policy: RefreshPolicy = field(default_factory=RefreshPolicy)
     max_runs_per_tick: int = 4
+    tmdb_base_url: str = DEFAULT_TMDB_BASE_URL
+    tmdb_rate: int = 40
+    observation_workers: int = 8
+    observation_max_items: int = 2000
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -70,4 +88,8 @@ class Settings:
             data_dir=Path(env.get(DATA_DIR) or ".inventory_pipeline").resolve(),
             policy=policy,
             max_runs_per_tick=_positive_int(env, MAX_RUNS_PER_TICK, 4),
+            tmdb_base_url=_base_url(env.get(TMDB_BASE_URL) or DEFAULT_TMDB_BASE_URL),
+            tmdb_rate=_positive_int(env, TMDB_RATE, 40),
+            observation_workers=_positive_int(env, OBSERVATION_WORKERS, 8),
+            observation_max_items=_positive_int(env, OBSERVATION_MAX_ITEMS, 2000),
         )

@@ -22,8 +22,10 @@ from inventory_pipeline.db.connection import (
     url_with_database,
 )
 from inventory_pipeline.db.migrator import migrate
+from inventory_pipeline.provider.standin import StandIn
 
 TEST_URL_ENV = "INVENTORY_TEST_DATABASE_URL"
+TMDB_TEST_KEY = "tmdb-test-key-5f3c9a1e"
 
 
 @pytest.fixture(scope="session")
@@ -77,3 +79,10 @@ def conn(db_url: str) -> Iterator[Connection]:
 @pytest.fixture
 def repo_root() -> Path:
     return Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def standin() -> Iterator[StandIn]:
+    """A TMDb stand-in on loopback with the test key."""
+    with StandIn(api_key=TMDB_TEST_KEY) as server:
+        yield server

@@ -123,3 +123,37 @@ def age_requests(conn: Connection, library_id: int, seconds: int) -> None:
         " WHERE library_id = %s",
         (seconds, seconds, seconds, library_id),
     )
+
+
+def tmdb_item(
+    conn: Connection, library_id: int, tmdb_id: int, kind: str = "movie", **fields: Any
+) -> int:
+    """One item with a typed TMDb identity."""
+    row = fetch_one(
+        conn,
+        "INSERT INTO media_server_items (library_id, title, provider, provider_kind, provider_id,"
+        " original_language) VALUES (%s, %s, 'tmdb', %s, %s, %s) RETURNING id",
+        (
+            library_id,
+            fields.get("title", f"Item {tmdb_id}"),
+            kind,
+            str(tmdb_id),
+            fields.get("original_language"),
+        ),
+    )
+    assert row is not None
+    return int(row["id"])
+
+
+def item(conn: Connection, item_id: int) -> dict[str, Any]:
+    row = fetch_one(conn, "SELECT * FROM media_server_items WHERE id = %s", (item_id,))
+    assert row is not None
+    return row
+
+
+def provider_key(conn: Connection, key: str | None, active: bool = True) -> None:
+    execute(
+        conn,
+        "UPDATE provider_settings SET api_key = %s, active = %s WHERE provider = 'tmdb'",
+        (key, active and key is not None),
+    )

@@ -139,9 +139,7 @@ class TmdbClient:
         deadline = time.monotonic() + self.timeout_seconds
         try:
             with self._client.stream("GET", path, params=params) as response:
-                raw = read_limited(
-                    response.iter_bytes(), limit or self.max_body_bytes, deadline
-                )
+                raw = read_limited(response.iter_bytes(), limit or self.max_body_bytes, deadline)
                 retry_after = parse_retry_after(response.headers.get("retry-after"))
                 return response.status_code, raw, retry_after
         except BodyTooLarge:

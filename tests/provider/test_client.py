@@ -17,14 +17,9 @@ from inventory_pipeline.provider.tmdb import (
     classify,
     redact,
 )
+from tests.conftest import TMDB_TEST_KEY
 
-KEY = "s3cr3t-tmdb-key-0123456789"
-
-
-@pytest.fixture
-def standin() -> Iterator[StandIn]:
-    with StandIn(api_key=KEY) as server:
-        yield server
+KEY = TMDB_TEST_KEY
 
 
 @pytest.fixture

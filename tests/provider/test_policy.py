@@ -13,8 +13,14 @@ POLICY = RetryPolicy()
 
 @pytest.mark.parametrize(
     ("category", "base"),
-    [("transient", 6 * HOUR), ("throttled", 6 * HOUR), ("not_found", DAY),
-     ("configuration", DAY), ("invalid_response", DAY), ("auth", DAY)],
+    [
+        ("transient", 6 * HOUR),
+        ("throttled", 6 * HOUR),
+        ("not_found", DAY),
+        ("configuration", DAY),
+        ("invalid_response", DAY),
+        ("auth", DAY),
+    ],
 )
 def test_ceiling_doubles_from_base_and_caps_at_seven_days(category: str, base: int) -> None:
     rng = random.Random(1)

@@ -46,7 +46,7 @@ def test_accepted(value: str, seconds: int) -> None:
         "30 Nov 2026",
         "1" * 13,
         "x" * 10_000,
-        "１２０",  # non-ASCII digits
+        "\uff11\uff12\uff10",  # non-ASCII (fullwidth) digits
         "Mon, 30 Nov 2026 12:02:00 PST",
     ],
 )

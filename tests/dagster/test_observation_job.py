@@ -1,0 +1,141 @@
+"""The observation job and sensor in process, against the loopback stand-in; after a
+failure storm the key is nowhere: not in logs, not in the Dagster event log, not in any
+database column other than its own setting."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import dagster as dg
+import psycopg
+import pytest
+from psycopg import sql
+
+from inventory_pipeline.db import Connection, fetch_all
+from inventory_pipeline.defs import observation as obs_defs
+from inventory_pipeline.defs.resources import InventoryDatabase
+from inventory_pipeline.provider.standin import StandIn
+from tests import factories as f
+from tests.conftest import TMDB_TEST_KEY
+
+WRONG_KEY = "wrong-key-7e1d44a0b9"
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+@pytest.fixture
+def tmdb_env(monkeypatch: pytest.MonkeyPatch, standin: StandIn) -> StandIn:
+    monkeypatch.setenv("INVENTORY_TMDB_BASE_URL", standin.url)
+    monkeypatch.setenv("INVENTORY_TMDB_RATE", "200")
+    return standin
+
+
+def run_job(instance: dg.DagsterInstance, db_url: str) -> dg.ExecuteInProcessResult:
+    return obs_defs.provider_observation.execute_in_process(
+        instance=instance, resources={"inventory_db": InventoryDatabase(url=db_url)}
+    )
+
+
+def test_sensor_and_job_report_categories(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance, tmdb_env: StandIn
+) -> None:
+    f.provider_key(conn, TMDB_TEST_KEY)
+    lib = f.library(conn)
+    for tmdb_id in range(1, 11):
+        f.tmdb_item(conn, lib, tmdb_id)
+    tmdb_env.set_available("movie", 3, False)
+    context = dg.build_sensor_context(
+        instance=instance, resources={"inventory_db": InventoryDatabase(url=db_url)}
+    )
+    request = obs_defs.provider_observation_sensor(context)
+    assert isinstance(request, dg.RunRequest) and request.run_key == "observe-1"
+    result = run_job(instance, db_url)
+    assert result.success
+    [mat] = [
+        e.step_materialization_data.materialization
+        for e in result.get_asset_materialization_events()
+    ]
+    assert mat.metadata["observed"].value == 9
+    assert mat.metadata["by_category"].value == {"observed": 9, "not_found": 1}
+    assert mat.metadata["cases_opened"].value == 1
+    assert isinstance(obs_defs.provider_observation_sensor(context), dg.SkipReason)
+    check = obs_defs.recovery_cases_on_time(inventory_db=InventoryDatabase(url=db_url))
+    assert isinstance(check, dg.AssetCheckResult) and check.passed
+    # An open case past its deadline with no attempt fails the check.
+    conn.execute(
+        "UPDATE media_server_items SET observation_due_at = now() - interval '1 hour'"
+        " WHERE recovery_case_id IS NOT NULL"
+    )
+    check = obs_defs.recovery_cases_on_time(inventory_db=InventoryDatabase(url=db_url))
+    assert isinstance(check, dg.AssetCheckResult) and not check.passed
+
+
+def _columns_containing(db_url: str, needle: str) -> list[str]:
+    found = []
+    with psycopg.connect(db_url, autocommit=True) as c:
+        tables = [
+            r[0]
+            for r in c.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+                " AND tablename <> 'provider_settings'"
+            )
+        ]
+        for table in tables:
+            query = sql.SQL("SELECT count(*) FROM {} t WHERE strpos(t::text, %s) > 0").format(
+                sql.Identifier(table)
+            )
+            row = c.execute(query, (needle,)).fetchone()
+            if row and row[0]:
+                found.append(table)
+    return found
+
+
+def test_key_absent_everywhere_after_a_failure_storm(
+    conn: Connection,
+    db_url: str,
+    instance: dg.DagsterInstance,
+    tmdb_env: StandIn,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    caplog.set_level("DEBUG")
+    lib = f.library(conn)
+    ids = list(range(100, 140))
+    for tmdb_id in ids:
+        f.tmdb_item(conn, lib, tmdb_id)
+    faults = [
+        ("status", {"status": 500}),
+        ("throttle", {"retry_after": "5"}),
+        ("garbage", {}),
+        ("close", {}),
+        ("truncate", {}),
+        ("status", {"status": 404}),
+    ]
+    categories: set[str] = set()
+    for key in (TMDB_TEST_KEY, WRONG_KEY):
+        f.provider_key(conn, key)
+        for fault, options in [*faults, ("none", {})]:
+            tmdb_env.set_fault(fault, **options)
+            conn.execute("UPDATE media_server_items SET observation_due_at = now()")
+            assert run_job(instance, db_url).success
+            categories |= {
+                r["recovery_category"]
+                for r in fetch_all(
+                    conn, "SELECT DISTINCT recovery_category FROM media_server_items"
+                )
+            }
+    tmdb_env.clear_fault()
+    assert {"transient", "throttled", "invalid_response", "not_found", "auth"} <= categories
+    out, err = capfd.readouterr()
+    for key in (TMDB_TEST_KEY, WRONG_KEY):
+        assert key not in caplog.text
+        assert key not in out and key not in err
+        for run in instance.get_runs():
+            for entry in instance.all_logs(run.run_id):
+                assert key not in str(entry)
+            assert key not in str(run.run_config)
+        assert _columns_containing(db_url, key) == []
