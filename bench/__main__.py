@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import change_capture, orchestration, profile_generation
+from bench import change_capture, observation, orchestration, profile_generation
 from bench.common import Figure, server_url
 
 BENCHES = {
     "change_capture": change_capture.run,
     "profile_generation": profile_generation.run,
     "orchestration": orchestration.run,
+    "observation": observation.run,
 }
 
 

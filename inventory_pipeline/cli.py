@@ -7,6 +7,8 @@ option) print one line and exit non-zero; they never show a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import getpass
 import os
 import shutil
 import signal
@@ -22,15 +24,23 @@ from inventory_pipeline.db import DatabaseError, connect
 from inventory_pipeline.demo import load_demo
 from inventory_pipeline.deployment import Deployment, prepare_dagster_home, provision
 from inventory_pipeline.profiles import service
+from inventory_pipeline.provider import admission
+from inventory_pipeline.provider.standin import StandIn
+from inventory_pipeline.provider.tmdb import TmdbClient
+from inventory_pipeline.recovery import service as recovery
+from inventory_pipeline.recovery.models import ProviderSettings
+from inventory_pipeline.recovery.policy import RetryPolicy
 from inventory_pipeline.settings import (
     DAGSTER_STORAGE_URL,
     DATABASE_URL,
+    TMDB_BASE_URL,
     Settings,
     SettingsError,
 )
 
 PROG = "inventory-pipeline"
 CODE_LOCATION = "inventory_pipeline.definitions"
+DEMO_KEY = "demo-key"  # the stand-in's key; not a real TMDb credential
 
 
 class CliError(Exception):
@@ -54,6 +64,11 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("demo", help="load the demo inventory into an empty database")
     refresh = sub.add_parser("refresh", help="plan and process refresh work once, without Dagster")
     refresh.add_argument("--limit", type=int, default=100, help="claims to process")
+    observe = sub.add_parser("observe", help="observe due items against TMDb once")
+    observe.add_argument("--limit", type=int, default=500, help="items to observe")
+    key = sub.add_parser("tmdb-key", help="save the TMDb API key, read from standard input")
+    key.add_argument("--language", default=None, help="TMDb language, e.g. en-US")
+    key.add_argument("--inactive", action="store_true", help="save it but keep it inactive")
     return parser
 
 
@@ -133,11 +148,20 @@ def _run_dagster(args: argparse.Namespace, settings: Settings, deployment: Deplo
 
 def _dev(args: argparse.Namespace, settings: Settings) -> int:
     prepare_dagster_home(settings)  # fail fast on a missing DAGSTER_HOME
-    with provision(settings) as deployment:
+    with provision(settings) as deployment, contextlib.ExitStack() as stack:
         if args.demo:
+            # The demo observes a local TMDb stand-in: no internet, faults switchable.
+            standin = stack.enter_context(StandIn(api_key=DEMO_KEY, missing_every=17))
+            os.environ[TMDB_BASE_URL] = standin.url
             with connect(deployment.app_url) as conn:
                 created = load_demo(conn)
+                recovery.save_provider_settings(conn, ProviderSettings(DEMO_KEY, True, None))
             print(f"{PROG}: demo inventory: {created} libraries loaded", flush=True)
+            print(
+                f"{PROG}: TMDb stand-in at {standin.url} (faults: POST "
+                f"{standin.url}/__standin/faults, see README)",
+                flush=True,
+            )
         return _run_dagster(args, settings, deployment)
 
 
@@ -161,12 +185,52 @@ def _demo(settings: Settings) -> int:
 def _status(settings: Settings) -> int:
     with provision(settings) as deployment, connect(deployment.app_url) as conn:
         overview = service.queue_overview(conn)
+        due = recovery.due_items(conn)
+        cases = recovery.case_overview(conn)
+        key = recovery.provider_settings(conn)
     print(f"dirty libraries      {overview.dirty}")
     print(f"pending requests     {overview.pending} ({overview.claimable} claimable now)")
     print(f"running requests     {overview.running}")
     print(f"failed requests      {overview.failed}")
     oldest = overview.oldest_dirty_since
     print(f"oldest dirty since   {oldest.isoformat() if oldest else '-'}")
+    print(f"TMDb key             {'active' if key.usable_key else 'missing or inactive'}")
+    print(f"items due to observe {due}")
+    print(f"open recovery cases  {sum(cases.values())} {cases or ''}".rstrip())
+    return 0
+
+
+def _observe(args: argparse.Namespace, settings: Settings) -> int:
+    with provision(settings) as deployment:
+        with connect(deployment.app_url) as conn:
+            admission.set_rate(conn, settings.tmdb_rate)
+        with TmdbClient(settings.tmdb_base_url) as client:
+            summary = recovery.observe(
+                lambda: connect(deployment.app_url),
+                client,
+                RetryPolicy(),
+                max_items=args.limit,
+                workers=settings.observation_workers,
+            )
+    for level, message in recovery.notices(summary.results):
+        print(f"{PROG}: {level}: {message}", file=sys.stderr if level == "warning" else sys.stdout)
+    print(f"observed {summary.observed} of {len(summary.results)}: {summary.by_category or '-'}")
+    return 0
+
+
+def _tmdb_key(args: argparse.Namespace, settings: Settings) -> int:
+    """The key comes from standard input (never argv, which other users can read)."""
+    if sys.stdin.isatty():
+        key = getpass.getpass("TMDb API key: ").strip()
+    else:
+        key = sys.stdin.readline().strip()
+    if not key or any(c.isspace() for c in key) or len(key) > 512:
+        raise CliError("the TMDb key must be one non-empty line without spaces")
+    with provision(settings) as deployment, connect(deployment.app_url) as conn:
+        recovery.save_provider_settings(
+            conn, ProviderSettings(key, not args.inactive, args.language)
+        )
+    print(f"{PROG}: TMDb key saved ({'inactive' if args.inactive else 'active'})")
     return 0
 
 
@@ -194,6 +258,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _demo(settings)
         if args.command == "status":
             return _status(settings)
+        if args.command == "observe":
+            return _observe(args, settings)
+        if args.command == "tmdb-key":
+            return _tmdb_key(args, settings)
         return _refresh(args, settings)
     except (SettingsError, DatabaseError, CliError) as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

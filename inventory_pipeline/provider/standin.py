@@ -96,13 +96,33 @@ class Fault:
 class StandInState:
     api_key: str
     missing: set[tuple[str, int]] = field(default_factory=set)
+    available: set[tuple[str, int]] = field(default_factory=set)
+    missing_every: int | None = None  # demo: ids divisible by this are unknown
     fault: Fault | None = None
     arrivals: list[float] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def is_missing(self, kind: str, tmdb_id: int) -> bool:
+        with self.lock:
+            if (kind, tmdb_id) in self.missing:
+                return True
+            if (kind, tmdb_id) in self.available:
+                return False
+            return bool(self.missing_every) and tmdb_id % (self.missing_every or 1) == 0
+
     def per_second(self) -> Counter[int]:
         with self.lock:
             return Counter(int(t) for t in self.arrivals)
+
+
+def _set_available(state: StandInState, key: tuple[str, int], available: bool) -> None:
+    with state.lock:
+        if available:
+            state.missing.discard(key)
+            state.available.add(key)
+        else:
+            state.available.discard(key)
+            state.missing.add(key)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -146,11 +166,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(200, {"ok": True})
         elif path == "/__standin/catalog":
             key = (str(body["kind"]), int(body["id"]))
-            with state.lock:
-                if body.get("available", True):
-                    state.missing.discard(key)
-                else:
-                    state.missing.add(key)
+            _set_available(state, key, bool(body.get("available", True)))
             self._json(200, {"ok": True})
         else:
             self._json(404, NOT_FOUND)
@@ -191,7 +207,7 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path == "/3/configuration":
             self._json(200, CONFIGURATION)
             return
-        if kind not in ("movie", "tv") or tmdb_id is None or (kind, tmdb_id) in state.missing:
+        if kind not in ("movie", "tv") or tmdb_id is None or state.is_missing(kind, tmdb_id):
             self._json(404, NOT_FOUND)
             return
         self._json(200, record(kind, tmdb_id))
@@ -251,9 +267,11 @@ class _Server(ThreadingHTTPServer):
 class StandIn:
     """Run the stand-in on 127.0.0.1 in a background thread."""
 
-    def __init__(self, api_key: str = "standin-key", port: int = 0) -> None:
+    def __init__(
+        self, api_key: str = "standin-key", port: int = 0, missing_every: int | None = None
+    ) -> None:
         self._server = _Server(("127.0.0.1", port), _Handler)
-        self._server.state = StandInState(api_key=api_key)
+        self._server.state = StandInState(api_key=api_key, missing_every=missing_every)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
@@ -292,8 +310,4 @@ class StandIn:
             self.state.fault = None
 
     def set_available(self, kind: str, tmdb_id: int, available: bool) -> None:
-        with self.state.lock:
-            if available:
-                self.state.missing.discard((kind, tmdb_id))
-            else:
-                self.state.missing.add((kind, tmdb_id))
+        _set_available(self.state, (kind, tmdb_id), available)

@@ -63,3 +63,45 @@ def test_demo_refresh_status_on_a_server(db_url: str, tmp_path: Path) -> None:
     assert "dirty libraries      0" in status.stdout
     # With a URL configured no embedded server was started in the data folder.
     assert not (tmp_path / "pgdata").exists()
+
+
+def test_tmdb_key_from_stdin_then_observe(db_url: str, tmp_path: Path) -> None:
+    from inventory_pipeline.provider.standin import StandIn
+
+    env = {"INVENTORY_DATABASE_URL": db_url, "INVENTORY_DATA_DIR": str(tmp_path)}
+    with StandIn(api_key="cli-key-93be", missing_every=17) as standin:
+        env["INVENTORY_TMDB_BASE_URL"] = standin.url
+        env["INVENTORY_TMDB_RATE"] = "1000"
+        assert run(["demo"], env).returncode == 0
+        saved = subprocess.run(
+            [sys.executable, "-m", "inventory_pipeline.cli", "tmdb-key"],
+            input="cli-key-93be\n",
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert saved.returncode == 0 and "cli-key-93be" not in saved.stdout
+        observed = run(["observe", "--limit", "2000"], env)
+        assert observed.returncode == 0, observed.stderr
+        assert "observed" in observed.stdout and "not_found" in observed.stdout
+        assert "recovery case" in observed.stderr  # warnings for the new cases
+        assert "cli-key-93be" not in observed.stdout + observed.stderr
+        status = run(["status"], env)
+        assert "TMDb key             active" in status.stdout
+        assert "open recovery cases" in status.stdout
+
+
+def test_bad_key_input_is_refused(db_url: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "inventory_pipeline.cli", "tmdb-key"],
+        input="two words\n",
+        env={**os.environ, "INVENTORY_DATABASE_URL": db_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "inventory-pipeline: error: the TMDb key must be one non-empty line without spaces"
+    ]
