@@ -101,9 +101,11 @@ CREATE TRIGGER media_server_items_source_change
           IS DISTINCT FROM (NEW.provider, NEW.provider_kind, NEW.provider_id, NEW.title, NEW.year))
     EXECUTE FUNCTION advance_source_generation();
 
--- The validated observation of an item's current source generation.
+-- The validated observation of an item's current source generation. No foreign key:
+-- other programs TRUNCATE media_server_items (data contract), which a referencing
+-- table would forbid; the triggers below remove observations with their items.
 CREATE TABLE provider_observations (
-    item_id bigint PRIMARY KEY REFERENCES media_server_items (id) ON DELETE CASCADE,
+    item_id bigint PRIMARY KEY,
     source_generation bigint NOT NULL,
     provider_kind text NOT NULL CHECK (provider_kind IN ('movie', 'tv')),
     tmdb_id bigint NOT NULL,
@@ -117,3 +119,29 @@ CREATE TABLE provider_observations (
     status text,
     observed_at timestamptz NOT NULL
 );
+
+CREATE FUNCTION forget_deleted_observations() RETURNS trigger
+LANGUAGE plpgsql
+SET jit = off
+AS $$
+BEGIN
+    DELETE FROM provider_observations o USING old_rows d WHERE o.item_id = d.id;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER media_server_items_forget_observations
+    AFTER DELETE ON media_server_items
+    REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION forget_deleted_observations();
+
+CREATE FUNCTION forget_all_observations() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    DELETE FROM provider_observations;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER media_server_items_forget_all_observations
+    BEFORE TRUNCATE ON media_server_items
+    FOR EACH STATEMENT EXECUTE FUNCTION forget_all_observations();

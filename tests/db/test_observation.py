@@ -245,3 +245,16 @@ def test_batch_observation_summary(
     assert summary.opened == 6
     assert service.case_overview(conn) == {"not_found": 6}
     assert service.due_items(conn) == 0
+
+
+def test_observations_go_with_their_items(
+    conn: Connection, movies: int, client: TmdbClient
+) -> None:
+    first = f.tmdb_item(conn, movies, 21)
+    f.tmdb_item(conn, movies, 22)
+    for _ in range(2):
+        observe_one(conn, client)
+    execute(conn, "DELETE FROM media_server_items WHERE id = %s", (first,))
+    assert len(fetch_all(conn, "SELECT item_id FROM provider_observations")) == 1
+    execute(conn, "TRUNCATE media_server_items")  # other programs may; no CASCADE needed
+    assert fetch_all(conn, "SELECT item_id FROM provider_observations") == []
