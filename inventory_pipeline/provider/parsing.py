@@ -108,3 +108,21 @@ def tmdb_status_code(raw: bytes) -> int | None:
         return None
     code = body.get("status_code") if isinstance(body, dict) else None
     return code if isinstance(code, int) and not isinstance(code, bool) else None
+
+
+def is_configuration(raw: bytes) -> bool:
+    """A TMDb `/3/configuration` body with the fields a working key returns: HTTP
+    success alone is not proof (seed 004)."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    if not isinstance(body, dict):
+        return False
+    images = body.get("images")
+    return (
+        isinstance(images, dict)
+        and isinstance(images.get("base_url"), str)
+        and isinstance(images.get("secure_base_url"), str)
+        and isinstance(body.get("change_keys"), list)
+    )

@@ -17,7 +17,7 @@ import httpx
 
 from inventory_pipeline.provider.models import Failure, FetchResult, ProviderKind
 from inventory_pipeline.provider.parsing import InvalidResponse, parse_body, tmdb_status_code
-from inventory_pipeline.provider.retry_after import parse_retry_after
+from inventory_pipeline.provider.retry_after import MAX_RETRY_AFTER_SECONDS, parse_retry_after
 
 DEFAULT_BASE_URL = "https://api.themoviedb.org"
 MAX_BODY_BYTES = 512 * 1024
@@ -128,7 +128,12 @@ class TmdbClient:
         self.close()
 
     def get(
-        self, path: str, api_key: str | None, language: str | None = None, limit: int | None = None
+        self,
+        path: str,
+        api_key: str | None,
+        language: str | None = None,
+        limit: int | None = None,
+        retry_after_cap_seconds: int = MAX_RETRY_AFTER_SECONDS,
     ) -> tuple[int, bytes, int | None] | Failure:
         """GET a path: (status, decoded body, bounded Retry-After) or a transport Failure."""
         if not api_key:
@@ -140,7 +145,9 @@ class TmdbClient:
         try:
             with self._client.stream("GET", path, params=params) as response:
                 raw = read_limited(response.iter_bytes(), limit or self.max_body_bytes, deadline)
-                retry_after = parse_retry_after(response.headers.get("retry-after"))
+                retry_after = parse_retry_after(
+                    response.headers.get("retry-after"), cap_seconds=retry_after_cap_seconds
+                )
                 return response.status_code, raw, retry_after
         except BodyTooLarge:
             return Failure("invalid_response")

@@ -1,0 +1,191 @@
+-- Every statement of verified credential wakeups (seed 004).
+-- Lock order in every transaction: provider_settings (share) -> credential_wakeups ->
+-- media_server_items rows (SKIP LOCKED). lock_timeout is one second.
+
+-- name: set_lock_timeout
+SET LOCAL lock_timeout = '1s';
+
+-- name: status
+-- What the sensor needs: are there open authentication cases, is the current generation
+-- verified, may a probe run now, may a release batch run now.
+SELECT s.credential_generation AS generation,
+       s.active AND s.api_key IS NOT NULL AS usable,
+       w.verified_generation = s.credential_generation AS verified,
+       (SELECT count(*) FROM media_server_items i
+         WHERE i.recovery_category = 'auth' AND i.recovery_resolved_at IS NULL) AS auth_cases,
+       (w.probe_lease_token IS NULL OR w.probe_lease_expires_at <= now())
+         AND (w.throttled_until IS NULL OR w.throttled_until <= now())
+         AND (w.backoff_generation IS DISTINCT FROM s.credential_generation
+              OR w.next_probe_at IS NULL OR w.next_probe_at <= now()) AS probe_allowed,
+       w.last_release_at IS NULL
+         OR w.last_release_at <= now() - make_interval(secs => %(release_spacing_seconds)s)
+         AS release_allowed,
+       w.throttled_until, w.next_probe_at, w.last_outcome, w.released_total
+FROM provider_settings s
+JOIN credential_wakeups w ON w.provider = s.provider
+WHERE s.provider = 'tmdb';
+
+-- name: lock_settings
+-- The short share lock: a settings writer waits (at most for this transaction) instead
+-- of racing the probe claim or a batch authorization.
+SELECT credential_generation AS generation, api_key, active, language
+FROM provider_settings
+WHERE provider = 'tmdb'
+FOR SHARE;
+
+-- name: lock_wakeup
+SELECT verified_generation, verified_at, probe_lease_token, probe_lease_expires_at,
+       probe_failures, backoff_generation, next_probe_at, throttled_until,
+       release_cursor, last_release_at,
+       last_release_at IS NULL
+         OR last_release_at <= now() - make_interval(secs => %(release_spacing_seconds)s)
+         AS release_allowed
+FROM credential_wakeups
+WHERE provider = 'tmdb'
+FOR UPDATE;
+
+-- name: claim_probe
+-- One worker holds the one-minute probe lease for the current, unverified generation,
+-- past any failure backoff of that generation and any provider Retry-After.
+UPDATE credential_wakeups w
+SET probe_lease_token = %(lease_token)s,
+    probe_lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+    probe_generation = %(generation)s
+WHERE w.provider = 'tmdb'
+  AND w.verified_generation IS DISTINCT FROM %(generation)s
+  AND (w.probe_lease_token IS NULL OR w.probe_lease_expires_at <= now())
+  AND (w.throttled_until IS NULL OR w.throttled_until <= now())
+  AND (w.backoff_generation IS DISTINCT FROM %(generation)s
+       OR w.next_probe_at IS NULL OR w.next_probe_at <= now())
+RETURNING w.probe_failures;
+
+-- name: complete_probe
+-- Verification counts only for the same configuration and generation under an unexpired
+-- lease. A provider Retry-After is recorded whenever the lease token matches, even if the
+-- key changed meanwhile: editing settings is not a throttle bypass.
+WITH config AS (
+    SELECT credential_generation, active
+    FROM provider_settings
+    WHERE provider = 'tmdb'
+    FOR SHARE
+),
+before AS (
+    SELECT w.provider,
+           config.credential_generation = %(generation)s
+             AND config.active
+             AND w.probe_generation = %(generation)s
+             AND w.probe_lease_expires_at > now() AS current
+    FROM credential_wakeups w
+    CROSS JOIN config
+    WHERE w.provider = 'tmdb' AND w.probe_lease_token = %(lease_token)s
+    FOR UPDATE OF w
+)
+UPDATE credential_wakeups w
+SET verified_generation = CASE WHEN b.current AND %(outcome)s = 'verified'
+                               THEN %(generation)s ELSE w.verified_generation END,
+    verified_at = CASE WHEN b.current AND %(outcome)s = 'verified'
+                       THEN now() ELSE w.verified_at END,
+    release_cursor = CASE WHEN b.current AND %(outcome)s = 'verified'
+                          THEN 0 ELSE w.release_cursor END,
+    probe_failures = CASE WHEN NOT b.current THEN w.probe_failures
+                          WHEN %(outcome)s = 'verified' THEN 0
+                          ELSE w.probe_failures + 1 END,
+    backoff_generation = CASE WHEN b.current AND %(outcome)s <> 'verified'
+                              THEN %(generation)s ELSE w.backoff_generation END,
+    next_probe_at = CASE WHEN b.current AND %(outcome)s <> 'verified'
+                         THEN now() + make_interval(secs => %(backoff_seconds)s)
+                         ELSE w.next_probe_at END,
+    throttled_until = CASE WHEN %(retry_after_seconds)s::integer IS NULL THEN w.throttled_until
+                           ELSE GREATEST(w.throttled_until,
+                                         now() + make_interval(secs => %(retry_after_seconds)s))
+                           END,
+    last_outcome = CASE WHEN b.current THEN %(outcome)s ELSE w.last_outcome END,
+    probe_lease_token = NULL,
+    probe_lease_expires_at = NULL,
+    probe_generation = NULL
+FROM before b
+WHERE w.provider = b.provider
+RETURNING b.current;
+
+-- name: release_batch
+-- seed 004: release at most `limit` valid open authentication cases that predate the
+-- verification, scanning an indexed keyset from the cursor. Each release records the
+-- generation receipt, a 1-60 s retry jitter and clears the attempt-admission clock; the
+-- diagnostic record, attempts, identity and metadata stay. Locked rows are skipped and
+-- revisited after the cursor wraps.
+WITH scanned AS (
+    SELECT i.id
+    FROM media_server_items i
+    WHERE i.recovery_category = 'auth'
+      AND i.recovery_resolved_at IS NULL
+      AND i.id > %(cursor)s
+    ORDER BY i.id
+    LIMIT %(scan)s
+),
+eligible AS (
+    SELECT i.id
+    FROM media_server_items i
+    JOIN scanned ON scanned.id = i.id
+    JOIN libraries l ON l.id = i.library_id
+    JOIN media_servers m ON m.id = l.server_id
+    WHERE i.recovery_category = 'auth'
+      AND i.recovery_resolved_at IS NULL
+      AND i.recovery_last_failed_at <= %(verified_at)s
+      AND i.recovery_wakeup_generation IS DISTINCT FROM %(generation)s
+      -- current, valid typed identity, and no conflict with the case's identity
+      AND i.provider = 'tmdb'
+      AND i.provider_kind IN ('movie', 'tv')
+      AND i.provider_id ~ '^[0-9]{1,10}$'
+      AND (i.recovery_provider, i.recovery_provider_kind, i.recovery_provider_id)
+          = (i.provider, i.provider_kind, i.provider_id)
+      -- active matching movie/TV library and server
+      AND l.active AND m.active AND l.media_kind = i.provider_kind
+      -- no live item lease, and still cooling down
+      AND (i.observation_lease_token IS NULL OR i.observation_lease_expires_at <= now())
+      AND i.observation_due_at > now()
+    ORDER BY i.id
+    LIMIT %(limit)s
+    FOR UPDATE OF i SKIP LOCKED
+),
+released AS (
+    UPDATE media_server_items i
+    SET recovery_wakeup_generation = %(generation)s,
+        observation_due_at = now() + make_interval(secs => 1 + floor(random() * 60)::integer),
+        last_attempt_at = NULL
+    FROM eligible
+    WHERE i.id = eligible.id
+    RETURNING i.id
+)
+SELECT (SELECT count(*) FROM released) AS released,
+       (SELECT max(id) FROM released) AS last_released,
+       (SELECT count(*) FROM scanned) AS scanned,
+       (SELECT max(id) FROM scanned) AS last_scanned;
+
+-- name: record_release
+UPDATE credential_wakeups
+SET release_cursor = %(cursor)s,
+    last_release_at = now(),
+    released_total = released_total + %(released)s
+WHERE provider = 'tmdb';
+
+-- name: eligible_exists
+-- Does the verified generation still have a case to release (the sensor's question)?
+SELECT EXISTS (
+    SELECT 1
+    FROM media_server_items i
+    JOIN libraries l ON l.id = i.library_id
+    JOIN media_servers m ON m.id = l.server_id
+    JOIN credential_wakeups w ON w.provider = 'tmdb'
+    WHERE i.recovery_category = 'auth'
+      AND i.recovery_resolved_at IS NULL
+      AND i.recovery_last_failed_at <= w.verified_at
+      AND i.recovery_wakeup_generation IS DISTINCT FROM w.verified_generation
+      AND i.provider = 'tmdb'
+      AND i.provider_kind IN ('movie', 'tv')
+      AND i.provider_id ~ '^[0-9]{1,10}$'
+      AND (i.recovery_provider, i.recovery_provider_kind, i.recovery_provider_id)
+          = (i.provider, i.provider_kind, i.provider_id)
+      AND l.active AND m.active AND l.media_kind = i.provider_kind
+      AND (i.observation_lease_token IS NULL OR i.observation_lease_expires_at <= now())
+      AND i.observation_due_at > now()
+) AS eligible;
