@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from inventory_pipeline.credentials import service as credentials
+from inventory_pipeline.credentials.models import short
 from inventory_pipeline.db import DatabaseError, connect
 from inventory_pipeline.demo import load_demo
 from inventory_pipeline.deployment import Deployment, prepare_dagster_home, provision
@@ -188,6 +190,7 @@ def _status(settings: Settings) -> int:
         due = recovery.due_items(conn)
         cases = recovery.case_overview(conn)
         key = recovery.provider_settings(conn)
+        wakeup = credentials.status(conn)
     print(f"dirty libraries      {overview.dirty}")
     print(f"pending requests     {overview.pending} ({overview.claimable} claimable now)")
     print(f"running requests     {overview.running}")
@@ -197,6 +200,12 @@ def _status(settings: Settings) -> int:
     print(f"TMDb key             {'active' if key.usable_key else 'missing or inactive'}")
     print(f"items due to observe {due}")
     print(f"open recovery cases  {sum(cases.values())} {cases or ''}".rstrip())
+    if wakeup is not None:
+        state = "verified" if wakeup.verified else (wakeup.last_outcome or "unverified")
+        print(
+            f"key generation       {short(wakeup.generation)} ({state}); "
+            f"{wakeup.released_total} authentication cases released"
+        )
     return 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from inventory_pipeline.defs import observation, profiles
+from inventory_pipeline.defs import credentials, observation, profiles
 from inventory_pipeline.defs.resources import inventory_database
 
 defs = dg.Definitions(
@@ -14,8 +14,13 @@ defs = dg.Definitions(
         profiles.library_profile_refresh,
         profiles.profile_request_compaction,
         observation.provider_observation,
+        credentials.credential_wakeup,
     ],
-    sensors=[profiles.library_profile_sensor, observation.provider_observation_sensor],
+    sensors=[
+        profiles.library_profile_sensor,
+        observation.provider_observation_sensor,
+        credentials.credential_wakeup_sensor,
+    ],
     schedules=[profiles.compaction_schedule],
     resources={"inventory_db": inventory_database()},
 )

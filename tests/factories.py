@@ -157,3 +157,26 @@ def provider_key(conn: Connection, key: str | None, active: bool = True) -> None
         "UPDATE provider_settings SET api_key = %s, active = %s WHERE provider = 'tmdb'",
         (key, active and key is not None),
     )
+
+
+def auth_cases(
+    conn: Connection,
+    library_id: int,
+    count: int,
+    first_tmdb_id: int = 1,
+    failed_ago: str = "1 hour",
+) -> list[int]:
+    """Items whose last observation failed with `auth`, cooling down for a day."""
+    ids = [tmdb_item(conn, library_id, first_tmdb_id + n) for n in range(count)]
+    execute(
+        conn,
+        "UPDATE media_server_items SET recovery_case_id = gen_random_uuid(),"
+        " recovery_provider = provider, recovery_provider_kind = provider_kind,"
+        " recovery_provider_id = provider_id, recovery_category = 'auth', recovery_attempts = 2,"
+        " recovery_first_failed_at = now() - %s::interval,"
+        " recovery_last_failed_at = now() - %s::interval,"
+        " observation_due_at = now() + interval '1 day', last_attempt_at = now() - %s::interval"
+        " WHERE id = ANY(%s)",
+        (failed_ago, failed_ago, failed_ago, ids),
+    )
+    return ids

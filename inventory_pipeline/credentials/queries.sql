@@ -45,13 +45,18 @@ WHERE provider = 'tmdb'
 FOR UPDATE;
 
 -- name: claim_probe
--- One worker holds the one-minute probe lease for the current, unverified generation,
--- past any failure backoff of that generation and any provider Retry-After.
+-- When authentication cases exist, one worker holds the one-minute probe lease for the
+-- current, unverified generation, past any failure backoff of that generation and any
+-- provider Retry-After.
 UPDATE credential_wakeups w
 SET probe_lease_token = %(lease_token)s,
     probe_lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
     probe_generation = %(generation)s
 WHERE w.provider = 'tmdb'
+  AND EXISTS (
+      SELECT 1 FROM media_server_items i
+      WHERE i.recovery_category = 'auth' AND i.recovery_resolved_at IS NULL
+  )
   AND w.verified_generation IS DISTINCT FROM %(generation)s
   AND (w.probe_lease_token IS NULL OR w.probe_lease_expires_at <= now())
   AND (w.throttled_until IS NULL OR w.throttled_until <= now())
