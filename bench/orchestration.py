@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -22,7 +20,13 @@ from pathlib import Path
 from bench.common import Figure, scratch_database
 from inventory_pipeline.db import connect, execute, fetch_one
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
-from inventory_pipeline.deployment import dagster_storage_url, prepare_dagster_home
+from inventory_pipeline.deployment import (
+    DAEMON_COMMAND,
+    dagster_storage_url,
+    prepare_dagster_home,
+    start_dagster,
+    stop_dagster,
+)
 from inventory_pipeline.settings import Settings
 
 BURST = """
@@ -62,26 +66,16 @@ def daemon(admin_url: str, app_url: str, extra_env: dict[str, str]) -> Iterator[
         )
         log = Path(home) / "daemon.log"
         with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [
-                    str(Path(sys.executable).parent / "dagster-daemon"),
-                    "run",
-                    "-m",
-                    "inventory_pipeline.definitions",
-                ],
-                env=env,
+            proc = start_dagster(
+                [*DAEMON_COMMAND, "run", "-m", "inventory_pipeline.definitions"],
+                env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
             try:
                 yield
             finally:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                stop_dagster(proc, timeout=60)
     with connect(admin_url) as admin:
         drop_database(admin, name)
 

@@ -10,21 +10,27 @@ import argparse
 import contextlib
 import getpass
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Sequence
-from pathlib import Path
 from typing import NoReturn
 
 from inventory_pipeline.credentials import service as credentials
 from inventory_pipeline.credentials.models import short
 from inventory_pipeline.db import DatabaseError, connect
 from inventory_pipeline.demo import load_demo
-from inventory_pipeline.deployment import Deployment, prepare_dagster_home, provision
+from inventory_pipeline.deployment import (
+    DAEMON_COMMAND,
+    WEBSERVER_COMMAND,
+    Deployment,
+    prepare_dagster_home,
+    provision,
+    start_dagster,
+    stop_dagster,
+)
 from inventory_pipeline.profiles import service
 from inventory_pipeline.provider import admission
 from inventory_pipeline.provider.standin import StandIn
@@ -74,14 +80,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _script(name: str) -> str:
-    beside = Path(sys.executable).parent / name
-    found = str(beside) if beside.exists() else shutil.which(name)
-    if found is None:
-        raise CliError(f"{name} not found; is the package installed with its dependencies?")
-    return found
-
-
 def _wait_for_webserver(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -97,18 +95,6 @@ def _wait_for_webserver(url: str, proc: subprocess.Popen[bytes], timeout: float)
     raise CliError(f"the Dagster webserver did not answer at {url} within {timeout:.0f} s")
 
 
-def _stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def _run_dagster(args: argparse.Namespace, settings: Settings, deployment: Deployment) -> int:
     home = prepare_dagster_home(settings)
     env = dict(os.environ)
@@ -120,9 +106,9 @@ def _run_dagster(args: argparse.Namespace, settings: Settings, deployment: Deplo
         }
     )
     location = ["-m", CODE_LOCATION]
-    daemon = subprocess.Popen([_script("dagster-daemon"), "run", *location], env=env)
-    webserver = subprocess.Popen(
-        [_script("dagster-webserver"), "-h", args.host, "-p", str(args.port), *location], env=env
+    daemon = start_dagster([*DAEMON_COMMAND, "run", *location], env)
+    webserver = start_dagster(
+        [*WEBSERVER_COMMAND, "-h", args.host, "-p", str(args.port), *location], env
     )
     procs = [webserver, daemon]
     stopping = False
@@ -145,7 +131,8 @@ def _run_dagster(args: argparse.Namespace, settings: Settings, deployment: Deplo
             time.sleep(0.5)
         return 0
     finally:
-        _stop(procs)
+        for proc in procs:
+            stop_dagster(proc)
 
 
 def _dev(args: argparse.Namespace, settings: Settings) -> int:

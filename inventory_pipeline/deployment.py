@@ -11,6 +11,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +29,36 @@ from inventory_pipeline.db.connection import (
 from inventory_pipeline.db.embedded import EmbeddedServer
 from inventory_pipeline.db.migrator import migrate
 from inventory_pipeline.settings import Settings, SettingsError
+
+# Dagster's processes, run with this interpreter (no reliance on console scripts on PATH).
+DAEMON_COMMAND = (sys.executable, "-m", "dagster._daemon")
+WEBSERVER_COMMAND = (sys.executable, "-m", "dagster_webserver")
+
+
+def start_dagster(
+    command: list[str], env: dict[str, str], **popen: object
+) -> subprocess.Popen[bytes]:
+    """Start a Dagster process in its own process group: the code servers it spawns
+    outlive a SIGTERM to it, so stopping means stopping the whole group."""
+    return subprocess.Popen(command, env=env, start_new_session=True, **popen)  # type: ignore[call-overload, no-any-return]
+
+
+def stop_dagster(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    """SIGTERM the process group, then SIGKILL what is left of it."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
 
 APP_DATABASE = "inventory"
 DAGSTER_DATABASE = "inventory_dagster"

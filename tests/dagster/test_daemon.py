@@ -5,9 +5,7 @@ profile appears with no manual step."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,7 +16,13 @@ import pytest
 
 from inventory_pipeline.db import connect
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
-from inventory_pipeline.deployment import dagster_storage_url, prepare_dagster_home
+from inventory_pipeline.deployment import (
+    DAEMON_COMMAND,
+    dagster_storage_url,
+    prepare_dagster_home,
+    start_dagster,
+    stop_dagster,
+)
 from inventory_pipeline.settings import Settings
 from tests import factories as f
 
@@ -53,22 +57,16 @@ def dagster_env(server_url: str, db_url: str, tmp_path: Path) -> Iterator[dict[s
 @pytest.fixture
 def daemon(dagster_env: dict[str, str], tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     log = (tmp_path / "daemon.log").open("wb")
-    script = Path(sys.executable).parent / "dagster-daemon"
-    proc = subprocess.Popen(
-        [str(script), "run", "-m", "inventory_pipeline.definitions"],
-        env=dagster_env,
+    proc = start_dagster(
+        [*DAEMON_COMMAND, "run", "-m", "inventory_pipeline.definitions"],
+        dagster_env,
         stdout=log,
         stderr=subprocess.STDOUT,
     )
     try:
         yield proc
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_dagster(proc)
         log.close()
 
 
