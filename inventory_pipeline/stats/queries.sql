@@ -1,0 +1,328 @@
+-- Every statement of the stats worker (seed 001). Write functions, the merge-enqueue
+-- and the lease fence live in migrations/0005_training_stats.sql.
+
+-- name: arm_budget
+-- Each stage arms its statement budget from the settings row (transaction-local).
+SELECT stats_projection_statement_budget(%(stage)s) AS budget_ms;
+
+-- name: declare_lease
+-- Declare the lease token this transaction acts under (the fence checks it).
+SELECT set_config('inventory.stats_lease_token', %(lease_token)s, true);
+
+-- name: settings
+SELECT claim_budget_ms, compute_budget_ms, publish_budget_ms, lease_seconds,
+       active_lease_cap, max_attempts, retry_backoff_seconds
+FROM stats_projection_worker_settings WHERE id = 1;
+
+-- name: live_leases
+SELECT count(*) AS live FROM user_stats_projection_runs
+WHERE phase IN ('claimed', 'computed') AND lease_until > now();
+
+-- name: expired_run
+-- A dead worker's run: revived at once, under a new lease (no adoption of its output).
+SELECT r.id, r.job_id, r.user_id
+FROM user_stats_projection_runs r
+WHERE r.phase IN ('claimed', 'computed') AND r.lease_until <= now()
+  AND NOT (r.phase = 'claimed' AND (r.payload ? '_batch' OR r.retry_not_before IS NOT NULL))
+  AND (%(user_id)s::uuid IS NULL OR r.user_id = %(user_id)s::uuid)
+ORDER BY r.lease_until
+LIMIT 1
+FOR UPDATE SKIP LOCKED;
+
+-- name: retire_run
+-- End a run that will not publish; its private output goes with it.
+WITH gone AS (
+    DELETE FROM stats_output_exercise WHERE run_id = %(run_id)s
+), gone_periods AS (
+    DELETE FROM stats_output_period WHERE run_id = %(run_id)s
+)
+UPDATE user_stats_projection_runs
+SET phase = %(phase)s, error = %(error)s, finished_at = now()
+WHERE id = %(run_id)s;
+
+-- name: pending_job
+-- The oldest pending job of a user with no job in processing, past its retry time.
+SELECT j.id, j.user_id
+FROM user_exercise_stats_refresh_jobs j
+WHERE j.status = 'pending'
+  AND (%(user_id)s::uuid IS NULL OR j.user_id = %(user_id)s::uuid)
+  AND coalesce((j.metadata ->> 'retry_not_before')::timestamptz, '-infinity') <= now()
+  AND NOT EXISTS (
+      SELECT 1 FROM user_exercise_stats_refresh_jobs p
+      WHERE p.user_id = j.user_id AND p.status = 'processing'
+  )
+ORDER BY j.created_at, j.id
+LIMIT 1
+FOR UPDATE SKIP LOCKED;
+
+-- name: job_for_run
+SELECT id, attempts FROM user_exercise_stats_refresh_jobs WHERE id = %(job_id)s FOR UPDATE;
+
+-- name: start_job
+UPDATE user_exercise_stats_refresh_jobs
+SET status = 'processing', locked_at = now(), lock_owner = %(lock_owner)s,
+    attempts = attempts + 1, updated_at = now()
+WHERE id = %(job_id)s
+RETURNING id, user_id, from_date, exercise_ids, requested_version, attempts;
+
+-- name: create_run
+INSERT INTO user_stats_projection_runs
+    (job_id, user_id, phase, lease_token, lease_until, lock_owner, target_version,
+     base_applied_version, from_date, exercise_ids, attempts)
+SELECT %(job_id)s, %(user_id)s, 'claimed', %(lease_token)s,
+       now() + make_interval(secs => %(lease_seconds)s), %(lock_owner)s,
+       %(target_version)s, coalesce(s.applied_version, 0), %(from_date)s, %(exercise_ids)s,
+       %(attempts)s
+FROM (SELECT 1) AS one
+LEFT JOIN user_stats_refresh_state s ON s.user_id = %(user_id)s
+RETURNING id, lease_until, base_applied_version;
+
+-- name: fail_job
+UPDATE user_exercise_stats_refresh_jobs
+SET status = 'failed', error_message = %(error)s, updated_at = now(), completed_at = now()
+WHERE id = %(job_id)s;
+
+-- name: retry_job
+-- A failed attempt: back to pending, waiting attempts × backoff.
+UPDATE user_exercise_stats_refresh_jobs
+SET status = 'pending', locked_at = NULL, lock_owner = NULL, error_message = %(error)s,
+    metadata = metadata || jsonb_build_object(
+        'retry_not_before', now() + make_interval(secs => attempts * %(backoff_seconds)s),
+        'last_error', %(error)s),
+    updated_at = now()
+WHERE id = %(job_id)s
+RETURNING (metadata ->> 'retry_not_before')::timestamptz AS retry_not_before;
+
+-- name: lock_run
+-- The run row, held through this stage (a live worker keeps it locked while it works).
+SELECT r.id, r.job_id, r.user_id, r.phase, r.lease_until <= now() AS expired,
+       r.retry_not_before > now() AS backing_off, r.retry_not_before, r.attempts,
+       r.target_version, r.base_applied_version, r.from_date, r.exercise_ids, r.payload,
+       r.compute_ms, txid_current() AS xid
+FROM user_stats_projection_runs r
+WHERE r.id = %(run_id)s AND r.lease_token = %(lease_token)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: renew_lease
+UPDATE user_stats_projection_runs
+SET lease_until = now() + make_interval(secs => %(lease_seconds)s),
+    attempts = attempts + %(consume_attempt)s
+WHERE id = %(run_id)s
+RETURNING attempts;
+
+-- name: user_versions
+SELECT coalesce(requested_version, 0) AS requested_version,
+       coalesce(applied_version, 0) AS applied_version
+FROM (SELECT 1) AS one
+LEFT JOIN user_stats_refresh_state s ON s.user_id = %(user_id)s;
+
+-- name: candidate_exercises
+-- The exercises a run recomputes: those in scope the user has sets for, plus those in
+-- scope already projected (an exercise whose last set went away must disappear).
+SELECT exercise_id FROM (
+    SELECT ts.exercise_id
+    FROM training_sessions s
+    JOIN training_sets ts ON ts.session_id = s.id
+    WHERE s.user_id = %(user_id)s
+      AND (cardinality(%(exercise_ids)s::text[]) = 0
+           OR ts.exercise_id = ANY (%(exercise_ids)s::text[]))
+    UNION
+    SELECT exercise_id FROM user_exercise_stats
+    WHERE user_id = %(user_id)s
+      AND (cardinality(%(exercise_ids)s::text[]) = 0
+           OR exercise_id = ANY (%(exercise_ids)s::text[]))
+    UNION
+    SELECT unnest(%(exercise_ids)s::text[])
+) AS candidates
+ORDER BY exercise_id;
+
+-- name: compute_exercises
+-- Per exercise: sessions, working sets, reps, volume (weight × reps over non-warm-up
+-- sets), heaviest weight, best Epley estimate, first and last date. Set-based: no
+-- per-exercise temporary relations (their locks exhausted shared lock memory, 53200).
+INSERT INTO stats_output_exercise
+    (run_id, exercise_id, sessions, working_sets, reps, volume, heaviest_kg, best_e1rm_kg,
+     first_date, last_date)
+SELECT %(run_id)s, ts.exercise_id,
+       count(DISTINCT s.id),
+       count(*) FILTER (WHERE NOT ts.warmup),
+       coalesce(sum(ts.reps) FILTER (WHERE NOT ts.warmup), 0),
+       coalesce(sum(ts.weight_kg * ts.reps) FILTER (WHERE NOT ts.warmup), 0),
+       max(ts.weight_kg) FILTER (WHERE NOT ts.warmup),
+       max(estimated_one_rep_max(ts.weight_kg, ts.reps)) FILTER (WHERE NOT ts.warmup),
+       min(s.session_date),
+       max(s.session_date)
+FROM training_sessions s
+JOIN training_sets ts ON ts.session_id = s.id
+WHERE s.user_id = %(user_id)s AND ts.exercise_id = ANY (%(exercise_ids)s::text[])
+GROUP BY ts.exercise_id;
+
+-- name: compute_periods
+-- Per user per period (day, ISO week from Monday, month, quarter, year) from the
+-- period holding from_date (NULL: all history).
+INSERT INTO stats_output_period
+    (run_id, period, period_start, sessions, working_sets, reps, volume)
+SELECT %(run_id)s, p.period, date_trunc(p.period, s.session_date)::date,
+       count(DISTINCT s.id),
+       count(ts.id) FILTER (WHERE ts.warmup IS FALSE),
+       coalesce(sum(ts.reps) FILTER (WHERE ts.warmup IS FALSE), 0),
+       coalesce(sum(ts.weight_kg * ts.reps) FILTER (WHERE ts.warmup IS FALSE), 0)
+FROM training_sessions s
+LEFT JOIN training_sets ts ON ts.session_id = s.id
+CROSS JOIN (VALUES ('day'), ('week'), ('month'), ('quarter'), ('year')) AS p (period)
+WHERE s.user_id = %(user_id)s
+  AND (%(from_date)s::date IS NULL
+       OR s.session_date >= date_trunc(p.period, %(from_date)s::date)::date)
+GROUP BY 2, 3;
+
+-- name: clear_outputs
+WITH gone AS (DELETE FROM stats_output_exercise WHERE run_id = %(run_id)s)
+DELETE FROM stats_output_period WHERE run_id = %(run_id)s;
+
+-- name: save_run
+UPDATE user_stats_projection_runs
+SET phase = %(phase)s, payload = %(payload)s, compute_ms = compute_ms + %(elapsed_ms)s,
+    retry_not_before = CASE WHEN %(retry_seconds)s::integer IS NULL THEN NULL
+                            ELSE now() + make_interval(secs => %(retry_seconds)s) END,
+    attempts = %(attempts)s, error = %(error)s,
+    finished_at = CASE WHEN %(phase)s IN ('failed', 'rejected') THEN now() END
+WHERE id = %(run_id)s
+RETURNING retry_not_before;
+
+-- name: resumable_run
+-- A run whose retry time has come, or a batch run left behind by a dead worker: it
+-- resumes under the same token and cursor (compute checks its inputs, counts the retry).
+SELECT r.id, r.job_id, r.user_id, r.lease_token, r.target_version, r.base_applied_version,
+       r.from_date, r.exercise_ids
+FROM user_stats_projection_runs r
+WHERE r.phase = 'claimed'
+  AND ((r.retry_not_before IS NOT NULL AND r.retry_not_before <= now())
+       OR (r.payload ? '_batch' AND r.lease_until <= now()))
+  AND (%(user_id)s::uuid IS NULL OR r.user_id = %(user_id)s::uuid)
+ORDER BY r.id
+LIMIT 1
+FOR UPDATE SKIP LOCKED;
+
+-- name: lock_publish
+-- Publication: the computed run under its live lease, then the user's state row.
+SELECT r.id, r.job_id, r.user_id, r.target_version, r.base_applied_version, r.from_date,
+       r.payload
+FROM user_stats_projection_runs r
+WHERE r.id = %(run_id)s AND r.lease_token = %(lease_token)s
+  AND r.phase = 'computed' AND r.lease_until > now()
+FOR UPDATE;
+
+-- name: lock_user_publish
+-- Concurrent workers for one user serialize build and publish.
+SELECT pg_advisory_xact_lock(hashtextextended('stats_publish:' || %(user_id)s::text, 0));
+
+-- name: lock_state
+INSERT INTO user_stats_refresh_state (user_id) VALUES (%(user_id)s)
+ON CONFLICT (user_id) DO UPDATE SET user_id = EXCLUDED.user_id
+RETURNING requested_version, applied_version;
+
+-- name: force_constraints
+SET CONSTRAINTS ALL IMMEDIATE;
+
+-- name: replace_exercise_stats
+WITH removed AS (
+    DELETE FROM user_exercise_stats
+    WHERE user_id = %(user_id)s AND exercise_id = ANY (%(exercise_ids)s::text[])
+)
+INSERT INTO user_exercise_stats
+    (user_id, exercise_id, sessions, working_sets, reps, volume, heaviest_kg, best_e1rm_kg,
+     first_date, last_date, generation)
+SELECT %(user_id)s, o.exercise_id, o.sessions, o.working_sets, o.reps, o.volume,
+       o.heaviest_kg, o.best_e1rm_kg, o.first_date, o.last_date, %(generation)s
+FROM stats_output_exercise o
+WHERE o.run_id = %(run_id)s
+ON CONFLICT (user_id, exercise_id) DO UPDATE
+SET sessions = EXCLUDED.sessions, working_sets = EXCLUDED.working_sets,
+    reps = EXCLUDED.reps, volume = EXCLUDED.volume, heaviest_kg = EXCLUDED.heaviest_kg,
+    best_e1rm_kg = EXCLUDED.best_e1rm_kg, first_date = EXCLUDED.first_date,
+    last_date = EXCLUDED.last_date, generation = EXCLUDED.generation;
+
+-- name: replace_period_stats
+WITH removed AS (
+    DELETE FROM user_training_period_stats
+    WHERE user_id = %(user_id)s
+      AND (%(from_date)s::date IS NULL
+           OR period_start >= date_trunc(period, %(from_date)s::date)::date)
+)
+INSERT INTO user_training_period_stats
+    (user_id, period, period_start, sessions, working_sets, reps, volume, generation)
+SELECT %(user_id)s, o.period, o.period_start, o.sessions, o.working_sets, o.reps, o.volume,
+       %(generation)s
+FROM stats_output_period o
+WHERE o.run_id = %(run_id)s
+ON CONFLICT (user_id, period, period_start) DO UPDATE
+SET sessions = EXCLUDED.sessions, working_sets = EXCLUDED.working_sets,
+    reps = EXCLUDED.reps, volume = EXCLUDED.volume, generation = EXCLUDED.generation;
+
+-- name: advance_applied
+-- Public projections and applied_version change together (seed 001).
+UPDATE user_stats_refresh_state
+SET applied_version = greatest(applied_version, %(generation)s), updated_at = now()
+WHERE user_id = %(user_id)s
+RETURNING applied_version, requested_version;
+
+-- name: finish_published
+WITH gone AS (
+    DELETE FROM stats_output_exercise WHERE run_id = %(run_id)s
+), gone_periods AS (
+    DELETE FROM stats_output_period WHERE run_id = %(run_id)s
+), run AS (
+    UPDATE user_stats_projection_runs
+    SET phase = 'published', publish_ms = %(publish_ms)s, finished_at = now()
+    WHERE id = %(run_id)s
+)
+UPDATE user_exercise_stats_refresh_jobs
+SET status = 'completed', completed_at = now(), updated_at = now(), error_message = NULL
+WHERE id = %(job_id)s;
+
+-- name: supersede_job
+-- A rejected payload: its scope moves into the successor (merge-enqueue), the job ends.
+WITH job AS (
+    SELECT id, user_id, from_date, exercise_ids, requested_version
+    FROM user_exercise_stats_refresh_jobs WHERE id = %(job_id)s
+),
+successor AS (
+    SELECT enqueue_user_exercise_stats_refresh_job(
+        job.user_id, 'manual_refresh', job.from_date, job.exercise_ids,
+        'rejected payload rescheduled', 'job:' || job.id, job.requested_version) AS id
+    FROM job
+)
+UPDATE user_exercise_stats_refresh_jobs j
+SET status = 'completed', completed_at = now(), updated_at = now(),
+    error_message = %(error)s,
+    metadata = j.metadata || jsonb_build_object('superseded_by', successor.id)
+FROM successor
+WHERE j.id = %(job_id)s
+RETURNING successor.id AS successor_id;
+
+-- name: remaining_users
+SELECT count(DISTINCT user_id) AS users FROM user_exercise_stats_refresh_jobs
+WHERE status IN ('pending', 'processing')
+  AND (%(user_id)s::uuid IS NULL OR user_id = %(user_id)s::uuid);
+
+-- name: pending_work
+SELECT count(*) AS jobs FROM user_exercise_stats_refresh_jobs WHERE status = 'pending';
+
+-- name: worker_status
+SELECT stats_projection_worker_status() AS status;
+
+-- name: request_rebuild
+-- An operator's rebuild: full history for chosen users (or every user with data).
+WITH users AS (
+    SELECT DISTINCT user_id FROM training_sessions
+    WHERE %(user_ids)s::uuid[] IS NULL OR user_id = ANY (%(user_ids)s::uuid[])
+    UNION
+    SELECT unnest(%(user_ids)s::uuid[])
+)
+SELECT u.user_id,
+       enqueue_user_exercise_stats_refresh_job(
+           u.user_id, 'analyst_rebuild', NULL, '{}', 'analyst rebuild', 'rebuild',
+           bump_stats_requested_version(u.user_id)) AS job_id
+FROM users u
+WHERE u.user_id IS NOT NULL
+ORDER BY u.user_id;
