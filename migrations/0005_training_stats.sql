@@ -414,8 +414,9 @@ BEGIN
     DELETE FROM training_sets WHERE session_id = v_id;
     INSERT INTO training_sets (session_id, position, exercise_id, weight_kg, reps, warmup)
     SELECT v_id, s.ordinality, s.exercise_id, s.weight_kg, s.reps, coalesce(s.warmup, false)
-    FROM jsonb_to_recordset(coalesce(p_session -> 'sets', '[]')) WITH ORDINALITY
-         AS s (exercise_id text, weight_kg numeric, reps integer, warmup boolean, ordinality bigint);
+    FROM ROWS FROM (jsonb_to_recordset(coalesce(p_session -> 'sets', '[]'))
+             AS (exercise_id text, weight_kg numeric, reps integer, warmup boolean))
+         WITH ORDINALITY AS s (exercise_id, weight_kg, reps, warmup, ordinality);
     v_new_exercises := ARRAY(SELECT DISTINCT exercise_id FROM training_sets WHERE session_id = v_id);
     v_from := CASE WHEN v_old.id IS NULL THEN v_date ELSE least(v_old.session_date, v_date) END;
     v_version := bump_stats_requested_version(v_user);

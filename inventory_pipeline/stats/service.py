@@ -162,8 +162,8 @@ def _fail_attempt(
     """A failed batch attempt keeps its token and cursor and waits attempts x backoff;
     past the attempt cap the run and its job fail (no partial publication)."""
     if attempts >= settings.max_attempts:
+        # The failed run's private output is never read again; it goes with the run.
         _save(conn, claim, "failed", payload, started, attempts, error=error)
-        repo.run(conn, "clear_outputs", {"run_id": claim.run_id})
         repo.run(conn, "fail_job", {"job_id": claim.job_id, "error": error})
         return ComputeResult("failed", reason=error)
     retry_at = _save(
