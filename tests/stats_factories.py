@@ -40,7 +40,7 @@ def save(
     day: date,
     session_sets: list[dict[str, Any]],
     session_id: uuid.UUID | None = None,
-    expected: uuid.UUID | None | str = "same",
+    expected: uuid.UUID | str | None = "same",
 ) -> dict[str, Any]:
     owner = user if expected == "same" else expected
     payload = {"user_id": str(user), "session_date": day.isoformat(), "sets": session_sets}

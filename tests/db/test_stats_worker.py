@@ -60,7 +60,7 @@ def test_projections_are_published_with_applied_version(conn: Connection, user: 
     assert (squat["sessions"], squat["working_sets"], squat["reps"]) == (2, 3, 9)
     assert squat["volume"] == 100 * 5 + 110 * 3 + 120 * 1
     assert squat["heaviest_kg"] == 120
-    # Epley: 110 × (1 + 3/30) = 121 beats 100 × (1 + 5/30) = 116.67 and the single 120.
+    # Epley: 110 x (1 + 3/30) = 121 beats 100 x (1 + 5/30) = 116.67 and the single 120.
     assert squat["best_e1rm_kg"] == 121
     assert (squat["first_date"], squat["last_date"]) == (D, date(2026, 3, 16))
     assert stats["bench"]["best_e1rm_kg"] is None  # no estimate above 12 reps
@@ -264,7 +264,7 @@ def test_statement_timeout_in_a_batch_rolls_back_and_backs_off(
     assert service.compute(conn, claimed).status == "retry_pending"  # no immediate retry
     execute(conn, "UPDATE user_stats_projection_runs SET retry_not_before = now()")
     execute(conn, "UPDATE stats_projection_worker_settings SET compute_budget_ms = 60000")
-    status, _, publication = service.process_claim(conn, claimed)
+    _, _, publication = service.process_claim(conn, claimed)
     assert publication is not None and publication.status == "published"
 
 
