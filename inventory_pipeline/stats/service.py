@@ -179,14 +179,18 @@ def _fail_attempt(
     return ComputeResult("retry_pending", reason=error, retry_not_before=retry_at)
 
 
-def compute(conn: Connection, claim: StatsClaim) -> ComputeResult:
-    """One compute call in its own transaction (seed 001 #1590 responses)."""
+def compute(
+    conn: Connection, claim: StatsClaim, record_interruptions: bool = True
+) -> ComputeResult:
+    """One compute call in its own transaction (seed 001 #1590 responses). An
+    interruption (57014/55P03) becomes a failed attempt with backoff, unless the caller
+    handles it itself (the scoped processor)."""
     started = time.perf_counter()
     try:
         with transaction(conn):
             return _compute(conn, claim, started)
     except DatabaseError as exc:
-        if not _interrupted(exc):
+        if not (record_interruptions and _interrupted(exc)):
             raise
         return _record_failed_attempt(conn, claim, f"interrupted ({exc.__cause__.sqlstate})")  # type: ignore[union-attr]
 
@@ -456,7 +460,7 @@ def process_user(conn: Connection, user_id: UUID, lock_owner: str) -> AccountRes
             if claimed is None:
                 remaining = _remaining(conn, user_id)
                 return AccountResult(user_id, "idle", None, remaining > 0, remaining)
-            result = compute(conn, claimed)
+            result = compute(conn, claimed, record_interruptions=False)
             if result.status != "computed":
                 raise _Deferred(result.status)
             publication = publish(conn, claimed)
