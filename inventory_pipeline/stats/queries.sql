@@ -326,3 +326,10 @@ SELECT u.user_id,
 FROM users u
 WHERE u.user_id IS NOT NULL
 ORDER BY u.user_id;
+
+-- name: waiting_work
+-- Work a drain run would find: pending jobs, runs due to resume, dead workers' runs.
+SELECT (SELECT count(*) FROM user_exercise_stats_refresh_jobs WHERE status = 'pending')
+     + (SELECT count(*) FROM user_stats_projection_runs
+        WHERE phase IN ('claimed', 'computed')
+          AND (lease_until <= now() OR retry_not_before <= now())) AS waiting;

@@ -486,6 +486,12 @@ def pending_jobs(conn: Connection) -> int:
     return 0 if row is None else int(row["jobs"])
 
 
+def waiting_work(conn: Connection) -> int:
+    """What a drain would pick up now (the sensor's question)."""
+    row = repo.one(conn, "waiting_work")
+    return 0 if row is None else int(row["waiting"])
+
+
 def worker_status(conn: Connection) -> dict[str, Any]:
     row = repo.one(conn, "worker_status")
     return {} if row is None else dict(row["status"])
