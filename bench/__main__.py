@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import change_capture, observation, orchestration, profile_generation
+from bench import change_capture, observation, orchestration, profile_generation, stats
 from bench.common import Figure, server_url
 
 BENCHES = {
@@ -18,6 +18,7 @@ BENCHES = {
     "profile_generation": profile_generation.run,
     "orchestration": orchestration.run,
     "observation": observation.run,
+    "stats": stats.run,
 }
 
 

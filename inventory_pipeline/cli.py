@@ -45,6 +45,7 @@ from inventory_pipeline.settings import (
     Settings,
     SettingsError,
 )
+from inventory_pipeline.stats import service as stats
 
 PROG = "inventory-pipeline"
 CODE_LOCATION = "inventory_pipeline.definitions"
@@ -178,6 +179,7 @@ def _status(settings: Settings) -> int:
         cases = recovery.case_overview(conn)
         key = recovery.provider_settings(conn)
         wakeup = credentials.status(conn)
+        stats_status = stats.worker_status(conn)
     print(f"dirty libraries      {overview.dirty}")
     print(f"pending requests     {overview.pending} ({overview.claimable} claimable now)")
     print(f"running requests     {overview.running}")
@@ -193,6 +195,15 @@ def _status(settings: Settings) -> int:
             f"key generation       {short(wakeup.generation)} ({state}); "
             f"{wakeup.released_total} authentication cases released"
         )
+    wait = stats_status.get("oldest_wait_seconds")
+    print(
+        f"stats queue          {stats_status.get('pending_jobs', 0)} pending jobs for "
+        f"{stats_status.get('pending_users', 0)} users; oldest wait "
+        f"{f'{float(wait):.0f} s' if wait is not None else '-'}; "
+        f"{stats_status.get('active_leases', 0)} active, "
+        f"{stats_status.get('expired_leases', 0)} expired leases; "
+        f"{stats_status.get('completed_last_hour', 0)} completed in the last hour"
+    )
     return 0
 
 
