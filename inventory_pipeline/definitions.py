@@ -22,6 +22,9 @@ defs = dg.Definitions(
         credentials.credential_wakeup,
         stats.stats_drain,
         stats.stats_rebuild,
+        stats.stats_rollover,
+        stats.stats_backfill_scan,
+        stats.stats_retention,
     ],
     sensors=[
         profiles.library_profile_sensor,
@@ -29,6 +32,6 @@ defs = dg.Definitions(
         credentials.credential_wakeup_sensor,
         stats.stats_refresh_sensor,
     ],
-    schedules=[profiles.compaction_schedule],
+    schedules=[profiles.compaction_schedule, *stats.stats_schedules],
     resources={"inventory_db": inventory_database()},
 )

@@ -333,3 +333,224 @@ SELECT (SELECT count(*) FROM user_exercise_stats_refresh_jobs WHERE status = 'pe
      + (SELECT count(*) FROM user_stats_projection_runs
         WHERE phase IN ('claimed', 'computed')
           AND (lease_until <= now() OR retry_not_before <= now())) AS waiting;
+
+-- name: build_pr_snapshot
+-- seed 001: the PR overview window of one generation: database date -1, 0 and +1. Per
+-- exercise as of each date: all-time best Epley estimate (manual PR records included),
+-- the best in the rolling 30 days ending on it, the same window a year earlier, and the
+-- heaviest weight. Built once per generation; the reader never computes.
+WITH days AS (
+    SELECT (stats_clock_date() + d)::date AS as_of FROM generate_series(-1, 1) AS d
+),
+facts AS (
+    SELECT ts.exercise_id, s.session_date AS day, ts.weight_kg,
+           estimated_one_rep_max(ts.weight_kg, ts.reps) AS e1rm
+    FROM training_sessions s
+    JOIN training_sets ts ON ts.session_id = s.id
+    WHERE s.user_id = %(user_id)s AND NOT ts.warmup
+    UNION ALL
+    SELECT exercise_id, recorded_on, weight_kg, estimated_one_rep_max(weight_kg, reps)
+    FROM user_manual_pr_records
+    WHERE user_id = %(user_id)s
+),
+headers AS (
+    INSERT INTO user_pr_overview_snapshot_headers
+        (user_id, generation, as_of_date, catalog_epoch, exercise_count)
+    SELECT %(user_id)s, %(generation)s, days.as_of,
+           (SELECT catalog_epoch FROM pr_overview_projection_control WHERE id = 1),
+           (SELECT count(DISTINCT f.exercise_id) FROM facts f WHERE f.day <= days.as_of)
+    FROM days
+    RETURNING as_of_date
+)
+INSERT INTO user_pr_exercise_summary_snapshots
+    (user_id, generation, as_of_date, exercise_id, best_e1rm_all_time, best_e1rm_30d,
+     best_e1rm_30d_prior_year, heaviest_kg)
+SELECT %(user_id)s, %(generation)s, h.as_of_date, f.exercise_id,
+       max(f.e1rm),
+       max(f.e1rm) FILTER (WHERE f.day > h.as_of_date - 30),
+       max(f.e1rm) FILTER (
+           WHERE f.day > (h.as_of_date - interval '1 year')::date - 30
+             AND f.day <= (h.as_of_date - interval '1 year')::date),
+       max(f.weight_kg)
+FROM headers h
+JOIN facts f ON f.day <= h.as_of_date
+GROUP BY h.as_of_date, f.exercise_id;
+
+-- name: drop_older_snapshots
+-- Only the generation being published keeps a window (rebuilt whole if it existed); an
+-- older job never publishes after a newer one (the base check).
+DELETE FROM user_pr_overview_snapshot_headers
+WHERE user_id = %(user_id)s AND generation <= %(generation)s;
+
+-- name: schedule_rollover
+-- The window is fresh: the next rollover is due when the database date moves on.
+INSERT INTO user_pr_overview_rollover_state AS r
+    (user_id, due_at, snapshot_generation, applied_catalog_epoch, window_end,
+     last_success_at)
+SELECT %(user_id)s, (stats_clock_date() + 1)::timestamptz, %(generation)s,
+       (SELECT catalog_epoch FROM pr_overview_projection_control WHERE id = 1),
+       stats_clock_date() + 1, now()
+ON CONFLICT (user_id) DO UPDATE
+SET due_at = EXCLUDED.due_at,
+    snapshot_generation = EXCLUDED.snapshot_generation,
+    applied_catalog_epoch = EXCLUDED.applied_catalog_epoch,
+    window_end = EXCLUDED.window_end,
+    attempt_count = 0,
+    next_retry_at = NULL,
+    last_error = NULL,
+    last_success_at = now(),
+    updated_at = now();
+
+-- name: set_lock_timeout
+SET LOCAL lock_timeout = '1s';
+
+-- name: rollover_page
+-- D10: every minute one page of due users (FOR UPDATE SKIP LOCKED on the due index).
+SELECT user_id, attempt_count
+FROM user_pr_overview_rollover_state
+WHERE due_at <= now()
+ORDER BY due_at, user_id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: request_generation
+-- A new generation for one user: the worker publishes it (never a patch of the applied
+-- generation in place).
+SELECT enqueue_user_exercise_stats_refresh_job(
+    %(user_id)s, %(event_type)s, %(from_date)s, '{}', %(reason)s, %(source_ref)s,
+    bump_stats_requested_version(%(user_id)s)) AS job_id;
+
+-- name: rollover_requested
+-- Requested: look again in an hour if the window has not been rebuilt by then.
+UPDATE user_pr_overview_rollover_state
+SET due_at = now() + interval '1 hour', attempt_count = attempt_count + 1,
+    next_retry_at = now() + interval '1 hour', updated_at = now()
+WHERE user_id = %(user_id)s;
+
+-- name: rollover_failed
+UPDATE user_pr_overview_rollover_state
+SET attempt_count = attempt_count + 1,
+    last_error = %(error)s,
+    next_retry_at = now() + make_interval(mins => least(60, power(2, attempt_count)::integer)),
+    due_at = now() + make_interval(mins => least(60, power(2, attempt_count)::integer)),
+    updated_at = now()
+WHERE user_id = %(user_id)s;
+
+-- name: rollover_overview
+-- What an operator watches before the three-day window runs out.
+SELECT count(*) FILTER (WHERE due_at <= now()) AS due_backlog,
+       max(attempt_count) AS max_attempts,
+       min(last_success_at) AS oldest_success,
+       count(*) FILTER (WHERE last_error IS NOT NULL) AS failing_users,
+       (array_agg(last_error ORDER BY updated_at DESC) FILTER (WHERE last_error IS NOT NULL))[1]
+           AS last_error
+FROM user_pr_overview_rollover_state;
+
+-- name: catalog_scopes
+SELECT scope, token, processed_token, pass_token, cursor
+FROM catalog_invalidation_tokens
+WHERE token > processed_token OR pass_token IS NOT NULL
+ORDER BY scope
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: personal_scope_done
+UPDATE catalog_invalidation_tokens
+SET processed_token = %(token)s, updated_at = now()
+WHERE scope = %(scope)s;
+
+-- name: users_after
+-- A page of users with projections, by id (the global pass's keyset).
+SELECT user_id FROM user_stats_refresh_state
+WHERE %(cursor)s::uuid IS NULL OR user_id > %(cursor)s::uuid
+ORDER BY user_id
+LIMIT %(limit)s;
+
+-- name: global_pass_progress
+UPDATE catalog_invalidation_tokens
+SET pass_token = %(pass_token)s, cursor = %(cursor)s,
+    processed_token = CASE WHEN %(done)s THEN %(pass_token)s ELSE processed_token END,
+    updated_at = now()
+WHERE scope = 'global';
+
+-- name: global_pass_finish
+UPDATE catalog_invalidation_tokens
+SET processed_token = greatest(processed_token, pass_token), pass_token = NULL, cursor = NULL,
+    updated_at = now()
+WHERE scope = 'global';
+
+-- name: stale_users
+-- The backfill scanner's signals: sessions without rollups, rollups without period
+-- stats, rollups newer than period stats, and PR snapshot gaps (the applied generation
+-- has no window for today). Users with open work are left to it.
+SELECT user_id, min(signal) AS signal FROM (
+    SELECT DISTINCT s.user_id, 'sessions without rollups' AS signal
+    FROM training_sessions s
+    WHERE EXISTS (SELECT 1 FROM training_sets ts WHERE ts.session_id = s.id)
+      AND NOT EXISTS (SELECT 1 FROM user_exercise_stats e WHERE e.user_id = s.user_id)
+    UNION ALL
+    SELECT DISTINCT e.user_id, 'rollups without period stats'
+    FROM user_exercise_stats e
+    WHERE NOT EXISTS (SELECT 1 FROM user_training_period_stats p WHERE p.user_id = e.user_id)
+    UNION ALL
+    SELECT e.user_id, 'rollups newer than period stats'
+    FROM (SELECT user_id, max(generation) AS g FROM user_exercise_stats GROUP BY user_id) e
+    JOIN (SELECT user_id, max(generation) AS g FROM user_training_period_stats
+          GROUP BY user_id) p ON p.user_id = e.user_id
+    WHERE e.g > p.g
+    UNION ALL
+    SELECT st.user_id, 'PR snapshot gap'
+    FROM user_stats_refresh_state st
+    WHERE st.applied_version > 0
+      AND NOT EXISTS (
+          SELECT 1 FROM user_pr_overview_snapshot_headers h
+          WHERE h.user_id = st.user_id AND h.generation = st.applied_version
+            AND h.as_of_date = stats_clock_date())
+) AS signals
+WHERE NOT EXISTS (
+    SELECT 1 FROM user_exercise_stats_refresh_jobs j
+    WHERE j.user_id = signals.user_id AND j.status IN ('pending', 'processing')
+)
+GROUP BY user_id
+ORDER BY user_id
+LIMIT %(limit)s;
+
+-- name: prune_jobs
+-- Retention: finished jobs older than seven days (their runs and outputs go with them
+-- by foreign key); pending and processing work and canonical data are never touched.
+WITH doomed AS (
+    SELECT id FROM user_exercise_stats_refresh_jobs
+    WHERE status IN ('completed', 'failed')
+      AND completed_at < now() - make_interval(days => %(days)s)
+    ORDER BY completed_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM user_exercise_stats_refresh_jobs j USING doomed WHERE j.id = doomed.id;
+
+-- name: prune_runs
+-- Finished attempts of jobs that are still open (their history ages out too).
+WITH doomed AS (
+    SELECT id FROM user_stats_projection_runs
+    WHERE finished_at < now() - make_interval(days => %(days)s)
+    ORDER BY finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM user_stats_projection_runs r USING doomed WHERE r.id = doomed.id;
+
+-- name: prune_catalog_log
+WITH doomed AS (
+    SELECT seq FROM exercise_catalog_changes
+    WHERE changed_at < now() - make_interval(days => %(days)s)
+    ORDER BY seq
+    LIMIT %(limit)s
+)
+DELETE FROM exercise_catalog_changes c USING doomed WHERE c.seq = doomed.seq;
+
+-- name: stats_today
+SELECT stats_clock_date() AS today;
+
+-- name: read_pr_overview
+SELECT exercise_id, best_e1rm_all_time, best_e1rm_30d, best_e1rm_30d_prior_year, heaviest_kg
+FROM get_pr_overview(%(user_id)s, %(as_of)s);

@@ -365,6 +365,12 @@ def publish(conn: Connection, claim: StatsClaim) -> PublishResult:
             conn, "advance_applied", {"user_id": claim.user_id, "generation": claim.target_version}
         )
         assert advanced is not None
+        # The PR overview window of this generation, published with it: applied_version
+        # itself is the publication fence (no separate published flag).
+        window = {"user_id": claim.user_id, "generation": claim.target_version}
+        repo.run(conn, "drop_older_snapshots", window)
+        repo.run(conn, "build_pr_snapshot", window)
+        repo.run(conn, "schedule_rollover", window)
         repo.run(
             conn,
             "finish_published",
@@ -502,3 +508,9 @@ def request_rebuild(conn: Connection, user_ids: list[UUID] | None) -> list[tuple
     with transaction(conn):
         rows = repo.many(conn, "request_rebuild", {"user_ids": user_ids})
     return [(r["user_id"], int(r["job_id"])) for r in rows]
+
+
+def read_pr_overview(conn: Connection, user_id: UUID, as_of: Any) -> list[dict[str, Any]]:
+    """The fail-closed reader: raises (SQLSTATE 55000) unless the applied generation has a
+    snapshot for exactly this date."""
+    return repo.many(conn, "read_pr_overview", {"user_id": user_id, "as_of": as_of})
