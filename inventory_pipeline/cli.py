@@ -45,6 +45,7 @@ from inventory_pipeline.settings import (
     Settings,
     SettingsError,
 )
+from inventory_pipeline.stats import maintenance as stats_maintenance
 from inventory_pipeline.stats import service as stats
 
 PROG = "inventory-pipeline"
@@ -180,6 +181,7 @@ def _status(settings: Settings) -> int:
         key = recovery.provider_settings(conn)
         wakeup = credentials.status(conn)
         stats_status = stats.worker_status(conn)
+        rollover = stats_maintenance.rollover_overview(conn)
     print(f"dirty libraries      {overview.dirty}")
     print(f"pending requests     {overview.pending} ({overview.claimable} claimable now)")
     print(f"running requests     {overview.running}")
@@ -203,6 +205,12 @@ def _status(settings: Settings) -> int:
         f"{stats_status.get('active_leases', 0)} active, "
         f"{stats_status.get('expired_leases', 0)} expired leases; "
         f"{stats_status.get('completed_last_hour', 0)} completed in the last hour"
+    )
+    print(
+        f"PR overview rollover {rollover.get('due_backlog') or 0} due; "
+        f"{rollover.get('failing_users') or 0} failing (max {rollover.get('max_attempts') or 0} "
+        f"attempts); oldest success {rollover.get('oldest_success') or '-'}; "
+        f"last error {rollover.get('last_error') or '-'}"
     )
     return 0
 
