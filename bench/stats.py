@@ -13,7 +13,7 @@ from datetime import date, timedelta
 
 from bench.common import Figure, scratch_database
 from inventory_pipeline.db import connect, execute, fetch_one, jsonb
-from inventory_pipeline.stats import service
+from inventory_pipeline.stats import processors
 
 SEED_COMPUTE_MS = 43_853.488
 SEED_PUBLISH_MS = 1_984.670
@@ -57,7 +57,7 @@ def run(admin_url: str, smoke: bool) -> list[Figure]:
     with scratch_database(admin_url) as url:
         load_account(url, user, sessions, exercises)
         with connect(url) as conn:
-            summary = service.drain(conn, "bench")
+            summary = processors.drain(conn, "bench")
             row = fetch_one(
                 conn,
                 "SELECT compute_ms, publish_ms FROM user_stats_projection_runs"

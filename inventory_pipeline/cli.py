@@ -46,7 +46,7 @@ from inventory_pipeline.settings import (
     SettingsError,
 )
 from inventory_pipeline.stats import maintenance as stats_maintenance
-from inventory_pipeline.stats import service as stats
+from inventory_pipeline.stats import processors as stats
 
 PROG = "inventory-pipeline"
 CODE_LOCATION = "inventory_pipeline.definitions"

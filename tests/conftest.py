@@ -9,6 +9,8 @@ connections or launch Dagster runs isolated from each other.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +31,7 @@ TMDB_TEST_KEY = "tmdb-test-key-5f3c9a1e"
 
 
 @pytest.fixture(scope="session")
-def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server_url() -> Iterator[str]:
     """A maintenance URL (database `postgres`) of the server the tests use."""
     configured = os.environ.get(TEST_URL_ENV)
     if configured:
@@ -37,12 +39,16 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return
     from inventory_pipeline.db.embedded import EmbeddedServer
 
-    server = EmbeddedServer(tmp_path_factory.mktemp("embedded") / "pgdata")
+    # Its own folder, not pytest's basetemp: concurrent pytest sessions prune each
+    # other's basetemp folders, which would pull the data folder from under the server.
+    folder = Path(tempfile.mkdtemp(prefix="inventory-test-pg-"))
+    server = EmbeddedServer(folder / "pgdata")
     server.start()
     try:
         yield server.url("postgres")
     finally:
         server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ import uuid
 import dagster as dg
 
 from inventory_pipeline.defs.resources import InventoryDatabase
-from inventory_pipeline.stats import maintenance, service
+from inventory_pipeline.stats import maintenance, processors
 
 QUEUE_TAG = "inventory_pipeline/queue"
 STATS_QUEUE = "stats_drain"
@@ -39,11 +39,11 @@ def drain_stats(context: dg.OpExecutionContext, inventory_db: InventoryDatabase)
     budget = int(context.op_config["max_rounds"])
     owner = f"dagster:{context.run_id[:8]}"
     with inventory_db.connection() as conn:
-        summary = service.drain(conn, owner, max_rounds=budget)
+        summary = processors.drain(conn, owner, max_rounds=budget)
         passes = 1
         left = budget - summary.rounds
-        if left > 0 and service.pending_jobs(conn) > 0:
-            extra = service.drain(conn, owner, max_rounds=left)
+        if left > 0 and processors.pending_jobs(conn) > 0:
+            extra = processors.drain(conn, owner, max_rounds=left)
             summary = type(summary)(
                 summary.published + extra.published,
                 summary.deferred + extra.deferred,
@@ -78,7 +78,7 @@ def stats_refresh_sensor(
     context: dg.SensorEvaluationContext, inventory_db: InventoryDatabase
 ) -> dg.RunRequest | dg.SkipReason:
     with inventory_db.connection() as conn:
-        waiting = service.waiting_work(conn)
+        waiting = processors.waiting_work(conn)
     if waiting == 0:
         return dg.SkipReason("no stats work waiting")
     active = context.instance.get_run_records(
@@ -111,7 +111,7 @@ def request_stats_rebuild(
     except ValueError:
         raise dg.Failure("user_ids must be UUIDs") from None
     with inventory_db.connection() as conn:
-        queued = service.request_rebuild(conn, users or None)
+        queued = processors.request_rebuild(conn, users or None)
     return dg.Output(len(queued), metadata={"users": len(queued)})
 
 

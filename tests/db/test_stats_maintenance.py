@@ -12,7 +12,7 @@ import pytest
 
 from inventory_pipeline.db import Connection, DatabaseError, connect, execute, fetch_all, fetch_one
 from inventory_pipeline.db.connection import is_error
-from inventory_pipeline.stats import maintenance, service
+from inventory_pipeline.stats import maintenance, processors
 from tests import stats_factories as sf
 
 TODAY = date(2026, 3, 10)
@@ -31,12 +31,12 @@ def user(conn: Connection) -> uuid.UUID:
 
 
 def read(conn: Connection, user: uuid.UUID, day: date) -> dict[str, dict[str, object]]:
-    return {r["exercise_id"]: r for r in service.read_pr_overview(conn, user, day)}
+    return {r["exercise_id"]: r for r in processors.read_pr_overview(conn, user, day)}
 
 
 def fails_closed(conn: Connection, user: uuid.UUID, day: date) -> bool:
     try:
-        service.read_pr_overview(conn, user, day)
+        processors.read_pr_overview(conn, user, day)
     except DatabaseError as exc:
         return is_error(exc, "55000")
     return False
@@ -49,7 +49,7 @@ def test_pr_values_and_the_three_day_window(conn: Connection, user: uuid.UUID) -
     sf.save(conn, user, TODAY - timedelta(days=40), sf.sets(("squat", 140, 1)))
     sf.save(conn, user, TODAY - timedelta(days=370), sf.sets(("squat", 90, 3)))
     sf.save(conn, user, TODAY + timedelta(days=1), sf.sets(("bench", 80, 5)))
-    service.drain(conn, "test")
+    processors.drain(conn, "test")
     today = read(conn, user, TODAY)
     assert set(today) == {"squat"}  # bench only from tomorrow on
     squat = today["squat"]
@@ -69,7 +69,7 @@ def test_window_moves_across_midnight_through_a_new_generation(
     conn: Connection, user: uuid.UUID
 ) -> None:
     sf.save(conn, user, TODAY, sf.sets(("squat", 100, 5)))
-    service.drain(conn, "test")
+    processors.drain(conn, "test")
     applied = sf.versions(conn, user)[1]
     state = fetch_one(conn, "SELECT due_at FROM user_pr_overview_rollover_state")
     assert state is not None
@@ -77,7 +77,7 @@ def test_window_moves_across_midnight_through_a_new_generation(
     execute(conn, "UPDATE user_pr_overview_rollover_state SET due_at = now()")  # and it is due
     assert maintenance.rollover(conn) == maintenance.RolloverResult(requested=1, failed=0)
     assert read(conn, user, TODAY + timedelta(days=1))  # the old window still serves meanwhile
-    service.drain(conn, "test")
+    processors.drain(conn, "test")
     assert sf.versions(conn, user)[1] == applied + 1  # a new generation, not a patch
     assert read(conn, user, TODAY + timedelta(days=2))
     assert fails_closed(conn, user, TODAY - timedelta(days=1))
@@ -89,7 +89,7 @@ def test_rollover_failing_two_days_running_fails_closed_then_recovers(
     conn: Connection, db_url: str, user: uuid.UUID
 ) -> None:
     sf.save(conn, user, TODAY, sf.sets(("squat", 100, 5)))
-    service.drain(conn, "test")
+    processors.drain(conn, "test")
     with connect(db_url) as holder, holder.transaction():
         execute(
             holder, "SELECT 1 FROM user_stats_refresh_state WHERE user_id = %s FOR UPDATE", (user,)
@@ -104,7 +104,7 @@ def test_rollover_failing_two_days_running_fails_closed_then_recovers(
     assert fails_closed(conn, user, TODAY + timedelta(days=2))  # the window ran out
     execute(conn, "UPDATE user_pr_overview_rollover_state SET due_at = now()")
     assert maintenance.rollover(conn).requested == 1
-    service.drain(conn, "test")
+    processors.drain(conn, "test")
     assert read(conn, user, TODAY + timedelta(days=2))
     state = fetch_one(
         conn,
@@ -115,16 +115,16 @@ def test_rollover_failing_two_days_running_fails_closed_then_recovers(
 
 def test_manual_pr_refreshes_the_snapshot(conn: Connection, user: uuid.UUID) -> None:
     sf.save(conn, user, TODAY, sf.sets(("squat", 100, 5)))
-    service.drain(conn, "test")
+    processors.drain(conn, "test")
     row = fetch_one(conn, "SELECT save_manual_pr(%s, 'squat', 150, 1, %s) AS r", (user, TODAY))
     assert row is not None
     assert [j["event_type"] for j in sf.jobs(conn, user) if j["status"] == "pending"] == [
         "manual_pr_changed"
     ]
-    service.drain(conn, "test")
+    processors.drain(conn, "test")
     assert read(conn, user, TODAY)["squat"]["best_e1rm_all_time"] == Decimal("150.00")
     execute(conn, "SELECT delete_manual_pr(%s, %s)", (user, row["r"]["record_id"]))
-    service.drain(conn, "test")
+    processors.drain(conn, "test")
     assert read(conn, user, TODAY)["squat"]["best_e1rm_all_time"] == Decimal("116.67")
 
 
@@ -142,19 +142,19 @@ def test_catalog_changes_racing_user_pages(conn: Connection, user: uuid.UUID) ->
     users = [uuid.uuid4() for _ in range(25)]
     for u in users:
         sf.save(conn, u, TODAY, sf.sets(("squat", 100, 5)))
-    service.drain(conn, "test")
+    processors.drain(conn, "test")
     maintenance.process_catalog(conn)  # the fixture's own exercise inserts
-    service.drain(conn, "test")
+    processors.drain(conn, "test")
     sf.exercise(conn, "deadlift")  # a global change
     assert maintenance.process_catalog(conn, page=10) == 10
     sf.exercise(conn, "row")  # another global change while the pass runs
     assert maintenance.process_catalog(conn, page=10) == 10  # the pass goes on, not restarted
     assert maintenance.process_catalog(conn, page=10) == 5
     assert pending_users(conn, "catalog_changed") == set(users)
-    service.drain(conn, "test")
+    processors.drain(conn, "test")
     # The follow-up pass for the latest token still happens.
     assert maintenance.process_catalog(conn, page=100) == 25
-    service.drain(conn, "test")
+    processors.drain(conn, "test")
     assert maintenance.process_catalog(conn, page=100) == 0
     # A personal exercise requests only its owner.
     sf.exercise(conn, "my_curl", owner=users[3])
@@ -166,9 +166,9 @@ def test_late_commit_and_log_retention_lose_no_request(
     conn: Connection, db_url: str, user: uuid.UUID
 ) -> None:
     sf.save(conn, user, TODAY, sf.sets(("squat", 100, 5)))
-    service.drain(conn, "test")
+    processors.drain(conn, "test")
     maintenance.process_catalog(conn)
-    service.drain(conn, "test")
+    processors.drain(conn, "test")
     done = threading.Event()
     with connect(db_url) as early, early.transaction():
         execute(early, "INSERT INTO exercises (id, name) VALUES ('early', 'Early')")  # lower seq
@@ -198,7 +198,7 @@ def test_backfill_scanner(conn: Connection, user: uuid.UUID) -> None:
         " completed_at = now() WHERE user_id = %s",
         (user,),
     )
-    service.drain(conn, "test")
+    processors.drain(conn, "test")
     assert maintenance.scan(conn) == [(user, "sessions without rollups")]
     [job] = [j for j in sf.jobs(conn, user) if j["status"] == "pending"]
     assert (job["event_type"], job["from_date"], job["exercise_ids"]) == (
@@ -207,7 +207,7 @@ def test_backfill_scanner(conn: Connection, user: uuid.UUID) -> None:
         [],
     )
     assert maintenance.scan(conn) == []  # open work is left to the worker
-    service.drain(conn, "test")
+    processors.drain(conn, "test")
     execute(conn, "DELETE FROM user_pr_overview_snapshot_headers WHERE user_id = %s", (other,))
     execute(conn, "DELETE FROM user_training_period_stats WHERE user_id = %s", (user,))
     assert sorted(maintenance.scan(conn)) == sorted(
@@ -218,7 +218,7 @@ def test_backfill_scanner(conn: Connection, user: uuid.UUID) -> None:
 def test_retention_boundaries(conn: Connection, user: uuid.UUID) -> None:
     for _ in range(5):
         sf.save(conn, uuid.uuid4(), TODAY, sf.sets(("squat", 100, 5)))
-        service.drain(conn, "test")
+        processors.drain(conn, "test")
     sf.save(conn, user, TODAY, sf.sets(("squat", 100, 5)))  # stays pending
     execute(
         conn, "UPDATE user_exercise_stats_refresh_jobs SET created_at = now() - interval '30 days'"

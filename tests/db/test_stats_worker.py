@@ -9,7 +9,7 @@ from datetime import date
 import pytest
 
 from inventory_pipeline.db import Connection, DatabaseError, connect, execute, fetch_all, fetch_one
-from inventory_pipeline.stats import service
+from inventory_pipeline.stats import processors, service
 from inventory_pipeline.stats.models import StatsClaim
 from tests import stats_factories as sf
 
@@ -53,7 +53,7 @@ def test_projections_are_published_with_applied_version(conn: Connection, user: 
         sf.sets(("squat", 60, 5, True), ("squat", 100, 5), ("squat", 110, 3), ("bench", 80, 13)),
     )
     sf.save(conn, user, date(2026, 3, 16), sf.sets(("squat", 120, 1)))
-    summary = service.drain(conn, "test")
+    summary = processors.drain(conn, "test")
     assert len(summary.published) == 1
     stats = sf.exercise_stats(conn, user)
     squat = stats["squat"]
@@ -82,9 +82,9 @@ def test_projections_are_published_with_applied_version(conn: Connection, user: 
 
 def test_deleting_the_last_session_removes_projections(conn: Connection, user: uuid.UUID) -> None:
     sid = sf.save(conn, user, D, sf.sets(("squat", 100, 5)))["session_id"]
-    service.drain(conn, "test")
+    processors.drain(conn, "test")
     sf.delete(conn, user, sid)
-    service.drain(conn, "test")
+    processors.drain(conn, "test")
     assert sf.exercise_stats(conn, user) == {}
     assert fetch_all(conn, "SELECT 1 FROM user_training_period_stats") == []
 
@@ -100,7 +100,7 @@ def test_save_during_compute_publishes_its_own_generation(
     assert published.status == "published" and published.generation == 1
     assert sf.versions(conn, user) == (2, 1)
     assert [j["status"] for j in sf.jobs(conn, user)] == ["completed", "pending"]
-    service.drain(conn, "test")
+    processors.drain(conn, "test")
     assert sf.versions(conn, user) == (2, 2) and set(sf.exercise_stats(conn, user)) == {
         "squat",
         "bench",
@@ -180,7 +180,7 @@ def test_concurrent_workers_never_share_a_job(db_url: str) -> None:
 
     def worker(name: str) -> None:
         with connect(db_url) as c:
-            summary = service.drain(c, name)
+            summary = processors.drain(c, name)
             with lock:
                 published.extend(u for u, _, _ in summary.published)
 
@@ -236,7 +236,7 @@ def test_batch_resumes_after_a_killed_worker(conn: Connection, user: uuid.UUID) 
     assert (resumed.run_id, resumed.lease_token) == (dead.run_id, dead.lease_token)
     result = service.compute(conn, resumed)
     assert (result.stage, result.next_offset) == ("batches", 200)  # same cursor
-    status, _, publication = service.process_claim(conn, resumed)
+    status, _, publication = processors.process_claim(conn, resumed)
     assert status == "computed" and publication is not None and publication.status == "published"
     run = fetch_one(
         conn, "SELECT attempts FROM user_stats_projection_runs WHERE id = %s", (dead.run_id,)
@@ -264,7 +264,7 @@ def test_statement_timeout_in_a_batch_rolls_back_and_backs_off(
     assert service.compute(conn, claimed).status == "retry_pending"  # no immediate retry
     execute(conn, "UPDATE user_stats_projection_runs SET retry_not_before = now()")
     execute(conn, "UPDATE stats_projection_worker_settings SET compute_budget_ms = 60000")
-    _, _, publication = service.process_claim(conn, claimed)
+    _, _, publication = processors.process_claim(conn, claimed)
     assert publication is not None and publication.status == "published"
 
 
@@ -302,7 +302,7 @@ def test_incident_account_with_default_lock_table(conn: Connection, user: uuid.U
     row = fetch_one(conn, "SHOW max_locks_per_transaction")
     assert row is not None and row["max_locks_per_transaction"] == "64"
     sf.history(conn, user, sessions=658, exercises=296, seed=7)
-    summary = service.drain(conn, "test")
+    summary = processors.drain(conn, "test")
     assert len(summary.published) == 1 and summary.published[0][2] == 4  # three batches + final
     assert len(sf.exercise_stats(conn, user)) == 296
     requested, applied = sf.versions(conn, user)
