@@ -10,12 +10,20 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import change_capture, observation, orchestration, profile_generation, stats
+from bench import (
+    change_capture,
+    observation,
+    orchestration,
+    profile_generation,
+    queues,
+    stats,
+)
 from bench.common import Figure, server_url
 
 BENCHES = {
     "change_capture": change_capture.run,
     "profile_generation": profile_generation.run,
+    "queues": queues.run,
     "orchestration": orchestration.run,
     "observation": observation.run,
     "stats": stats.run,

@@ -1,16 +1,13 @@
 -- Every statement of the stats worker (seed 001). Write functions, the merge-enqueue
 -- and the lease fence live in migrations/0005_training_stats.sql.
 
--- name: arm_budget
--- Each stage arms its statement budget from the settings row (transaction-local).
-SELECT stats_projection_statement_budget(%(stage)s) AS budget_ms;
-
--- name: declare_lease
--- Declare the lease token this transaction acts under (the fence checks it).
-SELECT set_config('inventory.stats_lease_token', %(lease_token)s, true);
-
--- name: settings
-SELECT claim_budget_ms, compute_budget_ms, publish_budget_ms, lease_seconds,
+-- name: arm_stage
+-- Start of every stage, in one round trip: arm the stage's statement budget from the
+-- settings row, declare the lease token this transaction acts under (the fence checks
+-- it; '' declares none), and read the settings.
+SELECT stats_projection_statement_budget(%(stage)s) AS budget_ms,
+       set_config('inventory.stats_lease_token', %(lease_token)s, true) AS lease_token,
+       claim_budget_ms, compute_budget_ms, publish_budget_ms, lease_seconds,
        active_lease_cap, max_attempts, retry_backoff_seconds
 FROM stats_projection_worker_settings WHERE id = 1;
 

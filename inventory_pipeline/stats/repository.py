@@ -23,7 +23,7 @@ def run(conn: Connection, name: str, params: dict[str, Any] | None = None) -> in
     return execute(conn, QUERIES[name], params)
 
 
-def settings(conn: Connection) -> WorkerSettings:
-    row = one(conn, "settings")
+def arm_stage(conn: Connection, stage: str, lease_token: str) -> WorkerSettings:
+    row = one(conn, "arm_stage", {"stage": stage, "lease_token": lease_token})
     assert row is not None
-    return WorkerSettings(**row)
+    return WorkerSettings(**{k: v for k, v in row.items() if k not in ("budget_ms", "lease_token")})

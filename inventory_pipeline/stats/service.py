@@ -36,10 +36,7 @@ def _interrupted(exc: DatabaseError) -> bool:
 
 
 def _arm(conn: Connection, stage: str, claim: StatsClaim | None = None) -> WorkerSettings:
-    repo.one(conn, "arm_budget", {"stage": stage})
-    if claim is not None:
-        repo.one(conn, "declare_lease", {"lease_token": str(claim.lease_token)})
-    return repo.settings(conn)
+    return repo.arm_stage(conn, stage, "" if claim is None else str(claim.lease_token))
 
 
 def _claim_from(row: dict[str, Any], token: UUID) -> StatsClaim:
