@@ -8,6 +8,8 @@ against the seed's production figures for the same account (compute 43,853 ms, p
 from __future__ import annotations
 
 import random
+import threading
+import time
 import uuid
 from datetime import date, timedelta
 
@@ -51,7 +53,69 @@ def load_account(url: str, user: uuid.UUID, sessions: int, exercises: int) -> No
             execute(conn, "SELECT save_training_session(%s, %s)", (user, jsonb(payload)))
 
 
+REBUILD_USERS = """
+INSERT INTO exercises (id, name) SELECT 'lift_' || g, 'Lift ' || g FROM generate_series(1, 8) g;
+INSERT INTO training_sessions (id, user_id, session_date)
+SELECT md5(u::text || '-' || s)::uuid, md5(u::text)::uuid, date '2025-01-01' + s * 3
+FROM generate_series(1, %(users)s) u, generate_series(1, 6) s;
+INSERT INTO training_sets (session_id, position, exercise_id, weight_kg, reps, warmup)
+SELECT t.id, p, 'lift_' || (1 + (p + s_hash) %% 8), 40 + p * 5, 3 + p, p = 1
+FROM (SELECT id, abs(hashtext(id::text)) AS s_hash FROM training_sessions) t,
+     generate_series(1, 5) p;
+"""
+
+
+def rebuild(admin_url: str, users: int, workers: int) -> float:
+    """Users per second through request_rebuild -> the worker with `workers` threads."""
+    with scratch_database(admin_url) as url:
+        with connect(url) as conn:
+            for statement in REBUILD_USERS.replace("%(users)s", str(int(users))).split(";\n"):
+                if statement.strip():
+                    execute(conn, statement.replace("%%", "%"))
+            execute(
+                conn,
+                "UPDATE stats_projection_worker_settings SET active_lease_cap = %s",
+                (workers,),
+            )
+            processors.request_rebuild(conn, None)
+            execute(conn, "ANALYZE")
+        done: list[int] = []
+        lock = threading.Lock()
+
+        def worker(n: int) -> None:
+            with connect(url) as c:
+                summary = processors.drain(c, f"bench-{n}", max_rounds=10**6)
+                with lock:
+                    done.append(len(summary.published))
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(workers)]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - start
+    assert sum(done) == users, (sum(done), users)
+    return users / elapsed
+
+
 def run(admin_url: str, smoke: bool) -> list[Figure]:
+    figures = incident(admin_url, smoke)
+    users = 50 if smoke else 1000
+    one = rebuild(admin_url, users, 1)
+    two = rebuild(admin_url, users, 2)
+    figures.append(
+        Figure(
+            f"stats rebuild of {users} users (6 sessions, 30 sets each), 2 workers",
+            two,
+            " users/s",
+            f"{two / one:.2f}x one worker ({one:.0f} users/s) on 2 cores",
+        )
+    )
+    return figures
+
+
+def incident(admin_url: str, smoke: bool) -> list[Figure]:
     sessions, exercises = (60, 120) if smoke else (658, 296)
     user = uuid.uuid4()
     with scratch_database(admin_url) as url:

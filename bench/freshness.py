@@ -1,0 +1,133 @@
+"""Freshness under the real Dagster daemon: commit -> acknowledged for inventory
+changes, and save -> published for training sessions, while both keep arriving.
+
+Changes are committed at a steady pace; a poller records when each one's revision is
+acknowledged (or each save's generation applied). Percentiles are over all changes.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+import uuid
+from datetime import date
+
+from bench.common import Figure, scratch_database
+from bench.orchestration import BURST, ITEMS, daemon
+from inventory_pipeline.db import connect, execute, fetch_all, fetch_one, jsonb
+
+LIBRARIES = 50
+USERS = 10
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def run(admin_url: str, smoke: bool) -> list[Figure]:
+    duration = 12 if smoke else 90
+    rng = random.Random(11)
+    users = [uuid.uuid4() for _ in range(USERS)]
+    inventory: list[tuple[int, int, float]] = []  # library, revision, committed at
+    saves: list[tuple[uuid.UUID, int, float]] = []
+    inventory_lag: list[float] = []
+    stats_lag: list[float] = []
+    with scratch_database(admin_url) as url, connect(url) as conn:
+        execute(conn, BURST.replace("%(libraries)s", str(LIBRARIES)))
+        execute(
+            conn,
+            ITEMS.replace("generate_series(1, 50) g", "generate_series(1, 20) g"),
+            {"libraries": LIBRARIES},
+        )
+        execute(conn, "INSERT INTO exercises (id, name) VALUES ('squat', 'Squat')")
+        with daemon(admin_url, url, {}):
+            deadline = time.monotonic() + 120  # the initial load settles first
+            while time.monotonic() < deadline:
+                row = fetch_one(
+                    conn,
+                    "SELECT count(*) AS n FROM library_inventory_state"
+                    " WHERE acknowledged_revision < revision",
+                )
+                if row is not None and row["n"] == 0:
+                    break
+                time.sleep(0.5)
+            end = time.monotonic() + duration
+            next_write = time.monotonic()
+            tick = 0
+            while time.monotonic() < end or inventory or saves:
+                now = time.monotonic()
+                if now < end and now >= next_write:
+                    library = rng.randint(1, LIBRARIES)
+                    execute(
+                        conn,
+                        "UPDATE media_server_items SET rating = %s WHERE id ="
+                        " (SELECT min(id) FROM media_server_items WHERE library_id = %s)",
+                        (round(rng.uniform(0, 10), 1), library),
+                    )
+                    rev = fetch_one(
+                        conn,
+                        "SELECT revision FROM library_inventory_state WHERE library_id = %s",
+                        (library,),
+                    )
+                    inventory.append((library, int(rev["revision"]), time.monotonic()))  # type: ignore[index]
+                    if tick % 2 == 0:
+                        user = rng.choice(users)
+                        payload = {
+                            "user_id": str(user),
+                            "session_date": str(date(2026, 3, 1)),
+                            "sets": [{"exercise_id": "squat", "weight_kg": 100, "reps": 5}],
+                        }
+                        saved = fetch_one(
+                            conn,
+                            "SELECT save_training_session(%s, %s) AS r",
+                            (user, jsonb(payload)),
+                        )
+                        saves.append((user, int(saved["r"]["requested_version"]), time.monotonic()))  # type: ignore[index]
+                    tick += 1
+                    next_write += 1.0
+                states = {
+                    r["library_id"]: r["acknowledged_revision"]
+                    for r in fetch_all(
+                        conn,
+                        "SELECT library_id, acknowledged_revision FROM library_inventory_state",
+                    )
+                }
+                applied = {
+                    r["user_id"]: r["applied_version"]
+                    for r in fetch_all(
+                        conn, "SELECT user_id, applied_version FROM user_stats_refresh_state"
+                    )
+                }
+                now = time.monotonic()
+                inventory_lag += [now - t for lib, rev, t in inventory if states.get(lib, 0) >= rev]
+                inventory = [(lib, rev, t) for lib, rev, t in inventory if states.get(lib, 0) < rev]
+                stats_lag += [now - t for user, v, t in saves if applied.get(user, 0) >= v]
+                saves = [(user, v, t) for user, v, t in saves if applied.get(user, 0) < v]
+                if now > end + 120:
+                    break
+                time.sleep(0.1)
+    figures = []
+    for label, lags in (
+        ("inventory commit -> acknowledged", inventory_lag),
+        ("stats save -> published", stats_lag),
+    ):
+        if not lags:
+            figures.append(Figure(label, 0, "", "no samples"))
+            continue
+        p50, p95 = percentile(lags, 0.5), percentile(lags, 0.95)
+        figures.append(
+            Figure(
+                f"{label} p50 ({len(lags)} changes)",
+                p50,
+                " s",
+                "goal <= 10 s",
+                None if smoke else p50 <= 10,
+            )
+        )
+        figures.append(
+            Figure(f"{label} p95", p95, " s", "goal <= 20 s", None if smoke else p95 <= 20)
+        )
+        figures.append(Figure(f"{label} mean", statistics.mean(lags), " s", "for scale"))
+    return figures
