@@ -91,19 +91,16 @@ def process_catalog(conn: Connection, page: int = CATALOG_USER_PAGE) -> int:
             for user in users:
                 _request(conn, user["user_id"], "catalog_changed", "catalog changed", None)
             requested += len(users)
-            if len(users) < page:
-                repo.run(
-                    conn,
-                    "global_pass_progress",
-                    {"pass_token": pass_token, "cursor": None, "done": True},
-                )
-                repo.run(conn, "global_pass_finish")
-            else:
-                repo.run(
-                    conn,
-                    "global_pass_progress",
-                    {"pass_token": pass_token, "cursor": users[-1]["user_id"], "done": False},
-                )
+            done = len(users) < page
+            repo.run(
+                conn,
+                "global_pass_progress",
+                {
+                    "pass_token": pass_token,
+                    "done": done,
+                    "cursor": None if done else users[-1]["user_id"],
+                },
+            )
     return requested
 
 

@@ -464,15 +464,12 @@ ORDER BY user_id
 LIMIT %(limit)s;
 
 -- name: global_pass_progress
+-- Move the global pass on; when it has seen every user, the token it answered is done.
 UPDATE catalog_invalidation_tokens
-SET pass_token = %(pass_token)s, cursor = %(cursor)s,
-    processed_token = CASE WHEN %(done)s THEN %(pass_token)s ELSE processed_token END,
-    updated_at = now()
-WHERE scope = 'global';
-
--- name: global_pass_finish
-UPDATE catalog_invalidation_tokens
-SET processed_token = greatest(processed_token, pass_token), pass_token = NULL, cursor = NULL,
+SET pass_token = CASE WHEN %(done)s THEN NULL ELSE %(pass_token)s END,
+    cursor = CASE WHEN %(done)s THEN NULL ELSE %(cursor)s::uuid END,
+    processed_token = CASE WHEN %(done)s THEN greatest(processed_token, %(pass_token)s)
+                           ELSE processed_token END,
     updated_at = now()
 WHERE scope = 'global';
 
