@@ -1,11 +1,14 @@
-"""A small, deterministic demo inventory: enough libraries to see profiles publish,
-traits held back by the coverage contract, and an empty library."""
+"""A small, deterministic demo: enough libraries to see profiles publish, traits held
+back by the coverage contract and an empty library, plus a training log for three users
+so the stats projections and PR overview fill in."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from datetime import date, timedelta
 from typing import Any
+from uuid import UUID
 
 from inventory_pipeline.db import Connection, execute, fetch_one, jsonb, transaction
 from inventory_pipeline.db.queries import load_queries
@@ -77,6 +80,44 @@ def _items(rng: random.Random, library: DemoLibrary) -> list[dict[str, Any]]:
     return rows
 
 
+EXERCISES = ("back_squat", "bench_press", "deadlift", "overhead_press", "barbell_row", "pull_up")
+DEMO_USERS = (
+    UUID("00000000-0000-4000-8000-000000000001"),
+    UUID("00000000-0000-4000-8000-000000000002"),
+    UUID("00000000-0000-4000-8000-000000000003"),
+)
+
+
+def _training_log(conn: Connection, rng: random.Random) -> None:
+    """A few weeks of workouts for three users, saved like an app would save them."""
+    for exercise in EXERCISES:
+        execute(
+            conn,
+            QUERIES["insert_exercise"],
+            {"id": exercise, "name": exercise.replace("_", " ").title()},
+        )
+    start = date.today() - timedelta(days=60)
+    for user in DEMO_USERS:
+        for n in range(20):
+            chosen = rng.sample(EXERCISES, 3)
+            sets = [
+                {
+                    "exercise_id": e,
+                    "weight_kg": rng.randint(4, 30) * 5,
+                    "reps": rng.randint(1, 12),
+                    "warmup": k == 0,
+                }
+                for e in chosen
+                for k in range(4)
+            ]
+            session = {
+                "user_id": str(user),
+                "session_date": str(start + timedelta(days=3 * n)),
+                "sets": sets,
+            }
+            execute(conn, QUERIES["save_session"], {"user_id": user, "session": jsonb(session)})
+
+
 def load_demo(conn: Connection, seed: int = 2026) -> int:
     """Load the demo inventory once; returns the number of libraries created (0 when the
     database already holds media servers)."""
@@ -113,4 +154,5 @@ def load_demo(conn: Connection, seed: int = 2026) -> int:
                     QUERIES["insert_items"],
                     {"library_id": library_id, "items": jsonb(_items(rng, library))},
                 )
+        _training_log(conn, rng)
     return len(LIBRARIES)

@@ -23,3 +23,10 @@ FROM jsonb_to_recordset(%(items)s) AS x (
     title text, year int, provider text, provider_kind text, provider_id text, rating numeric,
     genres text[], primary_studio text, original_language text, plot text
 );
+
+-- name: insert_exercise
+INSERT INTO exercises (id, name) VALUES (%(id)s, %(name)s) ON CONFLICT (id) DO NOTHING;
+
+-- name: save_session
+-- Through the write surface any application uses (canonical rows, receipt, queue).
+SELECT save_training_session(%(user_id)s, %(session)s);
