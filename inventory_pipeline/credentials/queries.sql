@@ -133,21 +133,7 @@ eligible AS (
     JOIN scanned ON scanned.id = i.id
     JOIN libraries l ON l.id = i.library_id
     JOIN media_servers m ON m.id = l.server_id
-    WHERE i.recovery_category = 'auth'
-      AND i.recovery_resolved_at IS NULL
-      AND i.recovery_last_failed_at <= %(verified_at)s
-      AND i.recovery_wakeup_generation IS DISTINCT FROM %(generation)s
-      -- current, valid typed identity, and no conflict with the case's identity
-      AND i.provider = 'tmdb'
-      AND i.provider_kind IN ('movie', 'tv')
-      AND i.provider_id ~ '^[0-9]{1,10}$'
-      AND (i.recovery_provider, i.recovery_provider_kind, i.recovery_provider_id)
-          = (i.provider, i.provider_kind, i.provider_id)
-      -- active matching movie/TV library and server
-      AND l.active AND m.active AND l.media_kind = i.provider_kind
-      -- no live item lease, and still cooling down
-      AND (i.observation_lease_token IS NULL OR i.observation_lease_expires_at <= now())
-      AND i.observation_due_at > now()
+    WHERE authentication_case_releasable(i, l, m, %(verified_at)s, %(generation)s)
     ORDER BY i.id
     LIMIT %(limit)s
     FOR UPDATE OF i SKIP LOCKED
@@ -181,16 +167,5 @@ SELECT EXISTS (
     JOIN libraries l ON l.id = i.library_id
     JOIN media_servers m ON m.id = l.server_id
     JOIN credential_wakeups w ON w.provider = 'tmdb'
-    WHERE i.recovery_category = 'auth'
-      AND i.recovery_resolved_at IS NULL
-      AND i.recovery_last_failed_at <= w.verified_at
-      AND i.recovery_wakeup_generation IS DISTINCT FROM w.verified_generation
-      AND i.provider = 'tmdb'
-      AND i.provider_kind IN ('movie', 'tv')
-      AND i.provider_id ~ '^[0-9]{1,10}$'
-      AND (i.recovery_provider, i.recovery_provider_kind, i.recovery_provider_id)
-          = (i.provider, i.provider_kind, i.provider_id)
-      AND l.active AND m.active AND l.media_kind = i.provider_kind
-      AND (i.observation_lease_token IS NULL OR i.observation_lease_expires_at <= now())
-      AND i.observation_due_at > now()
+    WHERE authentication_case_releasable(i, l, m, w.verified_at, w.verified_generation)
 ) AS eligible;

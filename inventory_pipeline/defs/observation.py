@@ -13,7 +13,7 @@ import json
 import dagster as dg
 
 from inventory_pipeline.db import connect
-from inventory_pipeline.defs.resources import InventoryDatabase
+from inventory_pipeline.defs.resources import InventoryDatabase, run_in_flight
 from inventory_pipeline.provider import admission
 from inventory_pipeline.provider.tmdb import TmdbClient
 from inventory_pipeline.recovery import service
@@ -85,18 +85,7 @@ def provider_observation_sensor(
         due = service.due_items(conn)
     if due == 0:
         return dg.SkipReason("no items due for observation")
-    active = context.instance.get_run_records(
-        dg.RunsFilter(
-            job_name=provider_observation.name,
-            statuses=[
-                dg.DagsterRunStatus.QUEUED,
-                dg.DagsterRunStatus.NOT_STARTED,
-                dg.DagsterRunStatus.STARTING,
-                dg.DagsterRunStatus.STARTED,
-            ],
-        ),
-        limit=1,
-    )
+    active = run_in_flight(context.instance, provider_observation.name)
     if active:
         # Only saves a redundant launch; a second run would just find nothing to claim.
         return dg.SkipReason(f"{due} items due; an observation run is already active")

@@ -32,3 +32,20 @@ class InventoryDatabase(dg.ConfigurableResource):  # type: ignore[type-arg]
 
 def inventory_database() -> InventoryDatabase:
     return InventoryDatabase(url=dg.EnvVar(DATABASE_URL))
+
+
+IN_FLIGHT = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+]
+
+
+def run_in_flight(instance: dg.DagsterInstance, job_name: str) -> bool:
+    """Is a run of this job queued or running? Only saves a redundant launch: the
+    database decides what a run may do, so a second run would just find nothing."""
+    records = instance.get_run_records(
+        dg.RunsFilter(job_name=job_name, statuses=IN_FLIGHT), limit=1
+    )
+    return bool(records)

@@ -12,7 +12,7 @@ import uuid
 
 import dagster as dg
 
-from inventory_pipeline.defs.resources import InventoryDatabase
+from inventory_pipeline.defs.resources import InventoryDatabase, run_in_flight
 from inventory_pipeline.stats import maintenance, processors
 
 QUEUE_TAG = "inventory_pipeline/queue"
@@ -81,18 +81,7 @@ def stats_refresh_sensor(
         waiting = processors.waiting_work(conn)
     if waiting == 0:
         return dg.SkipReason("no stats work waiting")
-    active = context.instance.get_run_records(
-        dg.RunsFilter(
-            job_name=stats_drain.name,
-            statuses=[
-                dg.DagsterRunStatus.QUEUED,
-                dg.DagsterRunStatus.NOT_STARTED,
-                dg.DagsterRunStatus.STARTING,
-                dg.DagsterRunStatus.STARTED,
-            ],
-        ),
-        limit=1,
-    )
+    active = run_in_flight(context.instance, stats_drain.name)
     if active:
         return dg.SkipReason(f"{waiting} waiting; a drain is already active")
     launch = int(context.cursor or "0") + 1
