@@ -61,10 +61,10 @@ def claim(conn: Connection, lock_owner: str, user_id: UUID | None = None) -> Sta
     `active_lease_cap` live leases."""
     with transaction(conn):
         settings = _arm(conn, "claim")
-        live = repo.one(conn, "live_leases")
         resumable = repo.one(conn, "resumable_run", {"user_id": user_id})
         if resumable is not None:
             return _claim_from(resumable, resumable["lease_token"])
+        live = repo.one(conn, "live_leases")
         if live is not None and live["live"] >= settings.active_lease_cap:
             return None
         expired = repo.one(conn, "expired_run", {"user_id": user_id})
