@@ -56,7 +56,7 @@ def backoff_seconds(failures: int, rng: random.Random | None = None) -> int:
     return int((rng or random).uniform(BACKOFF_MIN_SECONDS, max(ceiling, BACKOFF_MIN_SECONDS)))
 
 
-def claim_probe(conn: Connection) -> ProbeClaim | None:
+def claim_probe(conn: Connection, lease_seconds: int = PROBE_LEASE_SECONDS) -> ProbeClaim | None:
     """Take the one-minute probe lease for the current generation, if a probe is due."""
     with transaction(conn):
         repository.set_lock_timeout(conn)
@@ -65,7 +65,7 @@ def claim_probe(conn: Connection) -> ProbeClaim | None:
             return None
         repository.lock_wakeup(conn, RELEASE_SPACING_SECONDS)
         token = uuid4()
-        row = repository.claim_probe(conn, token, settings["generation"], PROBE_LEASE_SECONDS)
+        row = repository.claim_probe(conn, token, settings["generation"], lease_seconds)
         if row is None:
             return None
         return ProbeClaim(
@@ -126,9 +126,11 @@ def complete_probe(
     return ProbeResult(claim.generation, outcome, bool(row and row["current"]), retry_after)
 
 
-def verify(conn: Connection, client: TmdbClient) -> ProbeResult | None:
+def verify(
+    conn: Connection, client: TmdbClient, lease_seconds: int = PROBE_LEASE_SECONDS
+) -> ProbeResult | None:
     """Claim, probe and complete once; None when no probe is due."""
-    claim = claim_probe(conn)
+    claim = claim_probe(conn, lease_seconds)
     if claim is None:
         return None
     outcome, retry_after = probe(conn, claim, client)

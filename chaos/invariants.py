@@ -1,0 +1,222 @@
+"""What must hold after quiescence (issue 8), each check returning divergences as one
+line apiece. `outstanding` is the quiescence test: the work still in flight."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chaos.config import RETRY_POLICY
+from inventory_pipeline.db import Connection, fetch_all, fetch_one, jsonb
+from inventory_pipeline.profiles import service as profiles
+from inventory_pipeline.profiles.generator import frame_from_rows, generate_profile
+
+# The longest delay a case may legitimately wait: the retry cap, or seed 004's release
+# jitter (1-60 s) for an authentication case released after a verified key.
+LONGEST_DELAY_SECONDS = max(RETRY_POLICY.cap_seconds, 60)
+
+ACTIVE_LIBRARIES = (
+    "SELECT l.id FROM libraries l JOIN media_servers m ON m.id = l.server_id"
+    " WHERE l.active AND m.active ORDER BY l.id"
+)
+
+
+def _count(conn: Connection, sql: str) -> int:
+    row = fetch_one(conn, f"SELECT count(*) AS n FROM ({sql}) AS q")
+    return 0 if row is None else int(row["n"])
+
+
+def outstanding(conn: Connection) -> dict[str, int]:
+    """Work not yet done; all zero means quiescent."""
+    return {
+        "dirty libraries": _count(
+            conn,
+            "SELECT 1 FROM library_inventory_state s WHERE s.library_id IN"
+            f" ({ACTIVE_LIBRARIES}) AND s.acknowledged_revision < s.revision",
+        ),
+        # Pending work of an inactive library waits for it by design (seed 000).
+        "open profile requests": _count(
+            conn,
+            "SELECT 1 FROM profile_refresh_requests WHERE status IN ('pending', 'running')"
+            f" AND (status = 'running' OR library_id IN ({ACTIVE_LIBRARIES}))",
+        ),
+        "users behind": _count(
+            conn, "SELECT 1 FROM user_stats_refresh_state WHERE applied_version < requested_version"
+        ),
+        "open stats jobs": _count(
+            conn,
+            "SELECT 1 FROM user_exercise_stats_refresh_jobs"
+            " WHERE status IN ('pending', 'processing')",
+        ),
+        "observable open cases": _count(
+            conn,
+            "SELECT 1 FROM media_server_items i JOIN libraries l ON l.id = i.library_id"
+            " WHERE l.active AND i.recovery_case_id IS NOT NULL"
+            " AND i.recovery_resolved_at IS NULL AND i.recovery_category <> 'not_found'",
+        ),
+        "observation leases": _count(
+            conn, "SELECT 1 FROM media_server_items WHERE observation_lease_token IS NOT NULL"
+        ),
+    }
+
+
+def profiles_converged(conn: Connection) -> list[str]:
+    """Every active library acknowledged at its revision, its profile equal to a
+    from-scratch recomputation of its current projection (or absent when empty)."""
+    out: list[str] = []
+    for row in fetch_all(conn, ACTIVE_LIBRARIES):
+        library_id = int(row["id"])
+        state = fetch_one(
+            conn,
+            "SELECT revision, acknowledged_revision FROM library_inventory_state"
+            " WHERE library_id = %s",
+            (library_id,),
+        )
+        assert state is not None
+        if state["acknowledged_revision"] != state["revision"]:
+            out.append(
+                f"library {library_id}: acknowledged {state['acknowledged_revision']}"
+                f" != revision {state['revision']}"
+            )
+        observation = profiles.observe(conn, library_id)
+        frame = frame_from_rows(observation.columns, observation.rows)
+        expected = generate_profile(frame) if len(frame) else None
+        stored = fetch_one(
+            conn,
+            "SELECT inventory_revision, item_count, profile = %s AS same"
+            " FROM library_profiles WHERE library_id = %s",
+            (jsonb(expected), library_id),
+        )
+        if expected is None:
+            if stored is not None:
+                out.append(f"library {library_id}: empty but a profile is stored")
+        elif stored is None:
+            out.append(f"library {library_id}: {len(frame)} items but no profile")
+        elif not stored["same"] or stored["item_count"] != len(frame):
+            out.append(f"library {library_id}: profile differs from a recomputation")
+        elif stored["inventory_revision"] != observation.revision:
+            out.append(
+                f"library {library_id}: profile of revision {stored['inventory_revision']},"
+                f" library at {observation.revision}"
+            )
+    return out
+
+
+def no_lost_claim_acknowledged(conn: Connection) -> list[str]:
+    """From the audit trail: each acknowledgement came from the request's latest claim
+    while its lease was live; each stats publication under a live lease; each
+    observation completion from the item's latest claim of the same source."""
+    out = [
+        f"request {r['request_id']}: acknowledged by token {r['lease_token']} ({r['why']})"
+        for r in fetch_all(
+            conn,
+            "SELECT a.request_id, a.lease_token,"
+            " CASE WHEN a.acked_at >= a.lease_expires_at THEN 'lease expired'"
+            "      ELSE 'a newer claim existed' END AS why"
+            " FROM chaos_profile_acks a"
+            " WHERE a.acked_at >= a.lease_expires_at OR a.lease_token IS DISTINCT FROM ("
+            "   SELECT c.lease_token FROM chaos_profile_claims c"
+            "   WHERE c.request_id = a.request_id AND c.claimed_at <= a.acked_at"
+            "   ORDER BY c.claimed_at DESC LIMIT 1)",
+        )
+    ]
+    out += [
+        f"stats run {r['run_id']}: published after its lease ended"
+        for r in fetch_all(
+            conn, "SELECT run_id FROM chaos_stats_publications WHERE published_at >= lease_until"
+        )
+    ]
+    out += [
+        f"item {r['item_id']}: completed by a token that was not its latest claim"
+        for r in fetch_all(
+            conn,
+            "SELECT c.item_id FROM chaos_item_completions c LEFT JOIN LATERAL ("
+            "   SELECT k.lease_token, k.source_generation FROM chaos_item_claims k"
+            "   WHERE k.item_id = c.item_id AND k.claimed_at <= c.completed_at"
+            "   ORDER BY k.claimed_at DESC LIMIT 1) k ON true"
+            " WHERE (c.lease_token, c.source_generation)"
+            "   IS DISTINCT FROM (k.lease_token, k.source_generation)",
+        )
+    ]
+    out += [
+        f"{r['what']}: {r['detail']}"
+        for r in fetch_all(conn, "SELECT what, detail FROM chaos_regressions ORDER BY at")
+    ]
+    return out
+
+
+def nothing_stuck(conn: Connection) -> list[str]:
+    """Whatever is left open has a due retry within the longest legitimate delay."""
+    out = [
+        f"item {r['id']}: open {r['recovery_category']} case without a due retry"
+        for r in fetch_all(
+            conn,
+            "SELECT id, recovery_category FROM media_server_items"
+            " WHERE recovery_case_id IS NOT NULL AND recovery_resolved_at IS NULL"
+            " AND observation_due_at > now() + make_interval(secs => %s)",
+            (LONGEST_DELAY_SECONDS + 1,),
+        )
+    ]
+    out += [
+        f"stats job {r['id']}: {r['status']} for user {r['user_id']}"
+        for r in fetch_all(
+            conn,
+            "SELECT id, status, user_id FROM user_exercise_stats_refresh_jobs"
+            " WHERE status IN ('pending', 'processing', 'failed')"
+            " AND NOT EXISTS (SELECT 1 FROM user_stats_refresh_state s"
+            "   WHERE s.user_id = user_exercise_stats_refresh_jobs.user_id"
+            "   AND s.applied_version >= user_exercise_stats_refresh_jobs.requested_version)",
+        )
+    ]
+    out += [
+        f"stats run {r['id']}: still {r['phase']}"
+        for r in fetch_all(
+            conn,
+            "SELECT id, phase FROM user_stats_projection_runs"
+            " WHERE phase IN ('claimed', 'computed') AND lease_until > now()",
+        )
+    ]
+    return out
+
+
+def stats_versions(conn: Connection) -> list[str]:
+    return [
+        f"user {r['user_id']}: applied {r['applied_version']} != requested {r['requested_version']}"
+        for r in fetch_all(
+            conn,
+            "SELECT user_id, applied_version, requested_version FROM user_stats_refresh_state"
+            " WHERE applied_version <> requested_version ORDER BY user_id",
+        )
+    ]
+
+
+PROJECTION_SNAPSHOT = {
+    "exercise stats": "SELECT user_id, exercise_id, sessions, working_sets, reps, volume,"
+    " heaviest_kg, best_e1rm_kg, first_date, last_date FROM user_exercise_stats"
+    " ORDER BY user_id, exercise_id",
+    "period stats": "SELECT user_id, period, period_start, sessions, working_sets, reps, volume"
+    " FROM user_training_period_stats ORDER BY user_id, period, period_start",
+    "PR overview": "SELECT s.user_id, p.exercise_id, p.best_e1rm_all_time, p.best_e1rm_30d,"
+    " p.best_e1rm_30d_prior_year, p.heaviest_kg"
+    " FROM user_stats_refresh_state s, get_pr_overview(s.user_id, stats_clock_date()) p"
+    " ORDER BY s.user_id, p.exercise_id",
+}
+
+
+def projections(conn: Connection) -> dict[str, list[dict[str, Any]]]:
+    """The public stats projections and today's PR overview through the fail-closed
+    reader (which raises if the applied generation has no snapshot for today)."""
+    return {name: fetch_all(conn, sql) for name, sql in PROJECTION_SNAPSHOT.items()}
+
+
+def projections_equal(
+    incremental: dict[str, list[dict[str, Any]]], rebuilt: dict[str, list[dict[str, Any]]]
+) -> list[str]:
+    out = []
+    for name in PROJECTION_SNAPSHOT:
+        before, after = incremental[name], rebuilt[name]
+        if before != after:
+            changed = sum(1 for row in before if row not in after) + sum(
+                1 for row in after if row not in before
+            )
+            out.append(f"{name}: {changed} rows differ from a full recomputation")
+    return out

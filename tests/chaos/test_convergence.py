@@ -1,0 +1,100 @@
+"""The convergence harness in CI (issue 8): one bounded seeded run with SIGKILLed and
+paused workers, and proof that its checks see a divergence when there is one.
+
+INVENTORY_CHAOS_SECONDS lengthens the run (the long run is `python -m chaos --runs N`);
+INVENTORY_CHAOS_SEED picks another seed.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+from chaos import invariants
+from chaos.run import run
+from inventory_pipeline.db import Connection, execute, fetch_one
+from inventory_pipeline.profiles import service as profiles
+from tests import factories as f
+from tests.db.test_interleavings import POLICY, process_all
+
+CI_SEED = 20261130
+CI_SECONDS = 40.0
+
+
+def test_bounded_chaos_run_converges(server_url: str) -> None:
+    seed = int(os.environ.get("INVENTORY_CHAOS_SEED", CI_SEED))
+    seconds = float(os.environ.get("INVENTORY_CHAOS_SECONDS", CI_SECONDS))
+    report = run(server_url, seed, seconds, log=lambda _: None)
+    print("\n".join(report.lines()))
+    assert sum(report.kills.values()) > 0 and report.runs > len(report.kills)
+    assert report.audit["profile_acks"] > 0 and report.audit["stats_publications"] > 0
+    assert not report.divergences, "\n".join(report.lines())
+
+
+def _audited(conn: Connection) -> None:
+    execute(conn, (Path(invariants.__file__).with_name("audit.sql")).read_text())
+
+
+def test_checks_see_a_stale_profile_and_a_lagging_library(conn: Connection) -> None:
+    _audited(conn)
+    lib = f.library(conn)
+    f.items(conn, lib, 8)
+    process_all(conn)
+    assert invariants.profiles_converged(conn) == []
+    execute(
+        conn,
+        "UPDATE library_profiles SET profile = profile || '{\"x\": 1}' WHERE library_id = %s",
+        (lib,),
+    )
+    assert invariants.profiles_converged(conn) == [
+        f"library {lib}: profile differs from a recomputation"
+    ]
+    process_all(conn)  # nothing to do: the library is acknowledged
+    f.items(conn, lib, 1, seed=9)
+    assert f"library {lib}: acknowledged 1 != revision 2" in invariants.profiles_converged(conn)
+    assert invariants.outstanding(conn)["dirty libraries"] == 1
+
+
+def test_audit_sees_an_acknowledgement_by_a_lost_claim(conn: Connection) -> None:
+    _audited(conn)
+    lib = f.library(conn)
+    f.items(conn, lib, 4)
+    profiles.plan(conn, POLICY)
+    [claim] = profiles.claim(conn, POLICY).claims
+    assert invariants.no_lost_claim_acknowledged(conn) == []
+    # Bypass the guarded completion: what a broken fence would let through.
+    execute(
+        conn,
+        "UPDATE profile_refresh_requests SET lease_expires_at = now() - interval '1 second'"
+        " WHERE id = %s",
+        (claim.request_id,),
+    )
+    execute(
+        conn,
+        "UPDATE profile_refresh_requests SET status = 'succeeded', finished_at = now(),"
+        " lease_token = NULL, lease_expires_at = NULL WHERE id = %s",
+        (claim.request_id,),
+    )
+    assert invariants.no_lost_claim_acknowledged(conn) == [
+        f"request {claim.request_id}: acknowledged by token {claim.lease_token} (lease expired)"
+    ]
+
+
+def test_audit_sees_versions_going_back(conn: Connection) -> None:
+    _audited(conn)
+    user = uuid.uuid4()
+    execute(
+        conn,
+        "INSERT INTO user_stats_refresh_state (user_id, requested_version, applied_version)"
+        " VALUES (%s, 3, 3)",
+        (user,),
+    )
+    execute(
+        conn, "UPDATE user_stats_refresh_state SET applied_version = 2 WHERE user_id = %s", (user,)
+    )
+    [line] = invariants.no_lost_claim_acknowledged(conn)
+    assert line.startswith("stats version went back") and "applied 3 -> 2" in line
+    assert invariants.stats_versions(conn) == [f"user {user}: applied 2 != requested 3"]
+    row = fetch_one(conn, "SELECT count(*) AS n FROM chaos_regressions")
+    assert row is not None and row["n"] == 1
