@@ -112,3 +112,19 @@ def history(
             ],
         )
     return ids
+
+
+def expire_run(conn: Connection, run_id: int, lease_token: uuid.UUID) -> None:
+    """The lease runs out (a dead worker): only its own token may move lease_until."""
+    with conn.transaction():
+        execute(
+            conn,
+            "SELECT set_config('inventory.stats_lease_token', %s, true)",
+            (str(lease_token),),
+        )
+        execute(
+            conn,
+            "UPDATE user_stats_projection_runs SET lease_until = now() - interval '1s'"
+            " WHERE id = %s",
+            (run_id,),
+        )

@@ -1,5 +1,6 @@
-"""Races of the seeds stepped through explicitly with two connections, each order
-asserted (issue 8's interleaving tests, first part)."""
+"""Races of the seeds stepped through explicitly with two or three connections, each
+order asserted (issue 8): planner against writer, completion after lease loss, settings
+save during a probe, enqueue during claim, publication racing a newer generation."""
 
 from __future__ import annotations
 
@@ -7,12 +8,17 @@ import threading
 import uuid
 from datetime import date
 
-from inventory_pipeline.db import Connection, connect, execute
+import pytest
+
+from inventory_pipeline.credentials import service as credentials
+from inventory_pipeline.db import Connection, connect, execute, fetch_all
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.profiles.models import RefreshPolicy
+from inventory_pipeline.provider.standin import StandIn
 from inventory_pipeline.stats import processors, service
 from tests import factories as f
 from tests import stats_factories as sf
+from tests.conftest import TMDB_TEST_KEY
 
 POLICY = RefreshPolicy()
 
@@ -140,3 +146,127 @@ def test_publication_never_goes_back_a_generation(conn: Connection) -> None:
     # A replayed publication of the old run changes nothing.
     assert service.publish(conn, first).status == "lease_lost"
     assert sf.versions(conn, user) == (2, 2)
+
+
+def expire_request(conn: Connection, request_id: int) -> None:
+    execute(
+        conn,
+        "UPDATE profile_refresh_requests SET lease_expires_at = now() - interval '1 second'"
+        " WHERE id = %s",
+        (request_id,),
+    )
+
+
+def recover_now(conn: Connection) -> None:
+    """The planner puts the expired request back; the test clock skips its backoff."""
+    assert profiles.plan(conn, POLICY).expired == 1
+    execute(conn, "UPDATE profile_refresh_requests SET available_at = now()")
+
+
+@pytest.mark.parametrize("order", ["expired only", "old then new", "new then old"])
+def test_completion_after_lease_loss_in_every_order(conn: Connection, order: str) -> None:
+    lib = f.library(conn)
+    f.items(conn, lib, 6)
+    profiles.plan(conn, POLICY)
+    [old] = profiles.claim(conn, POLICY).claims
+    expire_request(conn, old.request_id)
+    if order == "expired only":  # nobody took over, yet the lease is gone
+        assert profiles.process(conn, old, POLICY).outcome == "lost"
+        assert f.state(conn, lib)["acknowledged_revision"] == 0
+        assert f.profile(conn, lib) is None
+        recover_now(conn)
+        [new] = profiles.claim(conn, POLICY).claims
+        assert profiles.process(conn, new, POLICY).outcome == "published"
+    else:
+        recover_now(conn)
+        [new] = profiles.claim(conn, POLICY).claims
+        assert new.request_id == old.request_id and new.lease_token != old.lease_token
+        bump(conn, lib)  # the newer claim's observation is of a newer revision
+        first, second = (old, new) if order == "old then new" else (new, old)
+        outcomes = [profiles.process(conn, c, POLICY).outcome for c in (first, second)]
+        assert outcomes == (["lost", "published"] if first is old else ["published", "lost"])
+    state = f.state(conn, lib)
+    assert state["acknowledged_revision"] == 1  # exactly the claimed revision
+    profile = f.profile(conn, lib)
+    assert profile is not None
+    assert profile["inventory_revision"] == state["revision"]  # the live claim's observation
+
+
+@pytest.mark.parametrize("order", ["old then new", "new then old"])
+def test_stats_completion_after_lease_loss_in_every_order(conn: Connection, order: str) -> None:
+    sf.exercise(conn, "squat")
+    user = uuid.uuid4()
+    sf.save(conn, user, date(2026, 3, 1), sf.sets(("squat", 100, 5)))
+    old = service.claim(conn, "dead")
+    assert old is not None
+    sf.expire_run(conn, old.run_id, old.lease_token)
+    new = service.claim(conn, "live")  # revives the dead worker's job under a new lease
+    assert new is not None and new.job_id == old.job_id and new.lease_token != old.lease_token
+    if order == "old then new":
+        assert service.compute(conn, old).status == "failed"
+        assert service.publish(conn, old).status == "lease_lost"
+        service.compute(conn, new)
+        assert service.publish(conn, new).status == "published"
+    else:
+        service.compute(conn, new)
+        assert service.publish(conn, new).status == "published"
+        assert service.compute(conn, old).status == "failed"
+        assert service.publish(conn, old).status == "lease_lost"
+    assert sf.versions(conn, user) == (1, 1)
+    assert sf.exercise_stats(conn, user)["squat"]["sessions"] == 1
+
+
+def save_settings(conn: Connection, key: str, language: str | None = None) -> None:
+    execute(
+        conn,
+        "UPDATE provider_settings SET api_key = %s, active = true, language = %s",
+        (key, language),
+    )
+
+
+def key_edit(conn: Connection) -> None:
+    """Away and back: the same key, yet a new generation (seed 004)."""
+    save_settings(conn, "another-key")
+    save_settings(conn, TMDB_TEST_KEY)
+
+
+@pytest.mark.parametrize("edit", ["key", "language"])
+@pytest.mark.parametrize("when", ["before claim", "during probe", "before release", "after"])
+def test_settings_save_against_the_probe_in_every_order(
+    conn: Connection, db_url: str, standin: StandIn, when: str, edit: str
+) -> None:
+    save_settings(conn, TMDB_TEST_KEY)
+    f.auth_cases(conn, f.library(conn), 2)
+
+    def save() -> None:
+        with connect(db_url) as writer:
+            key_edit(writer) if edit == "key" else save_settings(writer, TMDB_TEST_KEY, "fr-FR")
+
+    invalidates = edit == "key"
+    with credentials.probe_client(standin.url) as client:
+        if when == "before claim":
+            save()
+        claim = credentials.claim_probe(conn)
+        assert claim is not None
+        outcome, retry_after = credentials.probe(conn, claim, client)
+        assert outcome == "verified"
+        if when == "during probe":
+            save()
+        result = credentials.complete_probe(conn, claim, outcome, retry_after)
+        assert result.accepted == (not (invalidates and when == "during probe"))
+        if when == "before release":
+            save()
+        released = credentials.release(conn)
+        if when == "after":
+            save()
+    stale = invalidates and when in ("during probe", "before release")
+    if stale:
+        assert released is None  # a verification of another generation releases nothing
+    else:
+        assert released is not None and released.released == 2
+    receipts = fetch_all(
+        conn,
+        "SELECT recovery_wakeup_generation AS g FROM media_server_items ORDER BY id",
+    )
+    expected = None if stale else claim.generation
+    assert [r["g"] for r in receipts] == [expected, expected]

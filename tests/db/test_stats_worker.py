@@ -24,19 +24,7 @@ def user(conn: Connection) -> uuid.UUID:
 
 
 def expire(conn: Connection, claimed: StatsClaim) -> None:
-    """The lease runs out (a dead worker): only its own token may move lease_until."""
-    with conn.transaction():
-        execute(
-            conn,
-            "SELECT set_config('inventory.stats_lease_token', %s, true)",
-            (str(claimed.lease_token),),
-        )
-        execute(
-            conn,
-            "UPDATE user_stats_projection_runs SET lease_until = now() - interval '1s'"
-            " WHERE id = %s",
-            (claimed.run_id,),
-        )
+    sf.expire_run(conn, claimed.run_id, claimed.lease_token)
 
 
 def claim(conn: Connection) -> StatsClaim:
