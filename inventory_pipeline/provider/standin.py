@@ -11,13 +11,16 @@ has switchable faults so observation and recovery are visible without internet:
 
 Faults: status (any HTTP status, TMDb error body), throttle (429 + Retry-After),
 slow (delay seconds), drip (body a byte at a time), truncate (promise more than is
-sent), close (hang up without answering), oversize (a body over 64 KiB), garbage
-(not JSON), missing (a 200 without required fields).
+sent, then hang up mid-body), close (hang up without answering), oversize (a body over
+64 KiB), gzip_bomb (a small gzip body that decodes to megabytes), garbage (not JSON),
+cut_json (a complete response whose JSON is cut short), missing (a 200 without required
+fields).
 It binds to loopback only and never logs request lines (they carry the key).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 import socket
@@ -242,6 +245,16 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(bytes([byte]))
                 self.wfile.flush()
                 time.sleep(fault.delay or 0.5)
+        elif fault.fault == "cut_json":
+            self._send(200, json.dumps(record("movie", 1)).encode()[:40])
+        elif fault.fault == "gzip_bomb":
+            payload = gzip.compress(b" " * (4 * 1024 * 1024))  # 4 MiB of spaces, ~4 KiB sent
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
         elif fault.fault == "truncate":
             self.send_response(200)
             self.send_header("Content-Length", "5000")
