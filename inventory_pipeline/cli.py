@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import getpass
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -62,22 +63,45 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{PROG}: error: {message} (see {PROG} --help)\n")
 
 
+def _count(text: str) -> int:
+    """A positive whole number (claim and item limits)."""
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text[:40]!r}")
+    return int(text)
+
+
+def _port(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port (1-65535), got {text[:40]!r}")
+    return int(text)
+
+
+LANGUAGE = re.compile(r"^[a-z]{2,3}(-[A-Z]{2})?$")
+
+
+def _language(text: str) -> str:
+    """A TMDb language: ISO 639-1, optionally with an ISO 3166-1 region (en, en-US)."""
+    if not LANGUAGE.match(text):
+        raise argparse.ArgumentTypeError(f"must look like en or en-US, got {text[:40]!r}")
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Keep library profiles fresh from PostgreSQL.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     dev = sub.add_parser("dev", help="run Dagster (webserver + daemon) on the database")
     dev.add_argument("--demo", action="store_true", help="load the demo inventory first")
     dev.add_argument("--host", default="127.0.0.1", help="webserver address (default loopback)")
-    dev.add_argument("--port", type=int, default=3000, help="webserver port (default 3000)")
+    dev.add_argument("--port", type=_port, default=3000, help="webserver port (default 3000)")
     sub.add_parser("migrate", help="apply pending migrations")
     sub.add_parser("status", help="show the refresh queues")
     sub.add_parser("demo", help="load the demo inventory into an empty database")
     refresh = sub.add_parser("refresh", help="plan and process refresh work once, without Dagster")
-    refresh.add_argument("--limit", type=int, default=100, help="claims to process")
+    refresh.add_argument("--limit", type=_count, default=100, help="claims to process")
     observe = sub.add_parser("observe", help="observe due items against TMDb once")
-    observe.add_argument("--limit", type=int, default=500, help="items to observe")
+    observe.add_argument("--limit", type=_count, default=500, help="items to observe")
     key = sub.add_parser("tmdb-key", help="save the TMDb API key, read from standard input")
-    key.add_argument("--language", default=None, help="TMDb language, e.g. en-US")
+    key.add_argument("--language", type=_language, help="TMDb language, e.g. en-US")
     key.add_argument("--inactive", action="store_true", help="save it but keep it inactive")
     return parser
 

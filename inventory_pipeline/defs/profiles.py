@@ -64,6 +64,21 @@ def refresh_run_config(lease_token: UUID) -> dict[str, Any]:
     return {"ops": {"refresh_claimed_profiles": {"config": {"lease_token": str(lease_token)}}}}
 
 
+def _lease_token(config: dict[str, Any]) -> UUID:
+    try:
+        return UUID(config["lease_token"])
+    except ValueError:
+        raise dg.Failure("lease_token must be a UUID (the sensor's claim token)") from None
+
+
+def library_ids_of(partition_keys: Sequence[str]) -> list[int]:
+    """Partition keys are library ids; anything else is refused before any work."""
+    bad = [key for key in partition_keys if not key.isascii() or not key.isdigit()]
+    if bad:
+        raise dg.Failure(f"partition keys must be library ids, got {bad[0][:40]!r}")
+    return [int(key) for key in partition_keys]
+
+
 @dg.op(config_schema={"lease_token": str}, tags={QUEUE_TAG: REFRESH_QUEUE})
 def refresh_claimed_profiles(
     context: dg.OpExecutionContext, inventory_db: InventoryDatabase
@@ -72,7 +87,7 @@ def refresh_claimed_profiles(
     policy = inventory_db.policy()
     counts = {"published": 0, "removed": 0, "lost": 0, "failed": 0}
     with inventory_db.connection() as conn:
-        completions = service.process_batch(conn, UUID(context.op_config["lease_token"]), policy)
+        completions = service.process_batch(conn, _lease_token(context.op_config), policy)
         for completion in completions:
             counts[completion.outcome] += 1
             if completion.outcome in ("published", "removed"):
@@ -110,7 +125,7 @@ def library_profile_refresh() -> None:
 def library_profile(
     context: dg.AssetExecutionContext, inventory_db: InventoryDatabase
 ) -> Iterator[dg.Output[None]]:
-    library_ids = [int(key) for key in context.partition_keys]
+    library_ids = library_ids_of(context.partition_keys)
     failed: list[str] = []
     with inventory_db.connection() as conn:
         for result in service.backfill(conn, library_ids, inventory_db.policy()):
@@ -140,7 +155,8 @@ def library_profile(
 def library_profile_current(
     context: dg.AssetCheckExecutionContext, inventory_db: InventoryDatabase
 ) -> dg.AssetCheckResult:
-    return profile_current_result(inventory_db, int(context.partition_key))
+    [library_id] = library_ids_of([context.partition_key])
+    return profile_current_result(inventory_db, library_id)
 
 
 def _check_metadata(status: ProfileStatus) -> dict[str, int]:

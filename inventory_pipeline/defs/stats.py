@@ -37,6 +37,8 @@ def drain_stats(context: dg.OpExecutionContext, inventory_db: InventoryDatabase)
     """Claim -> compute -> publish within a bounded round budget; one more pass when new
     work arrived during the last one."""
     budget = int(context.op_config["max_rounds"])
+    if budget < 1:
+        raise dg.Failure(f"max_rounds must be at least 1, got {budget}")
     owner = f"dagster:{context.run_id[:8]}"
     with inventory_db.connection() as conn:
         summary = processors.drain(conn, owner, max_rounds=budget)

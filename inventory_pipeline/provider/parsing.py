@@ -12,6 +12,9 @@ from typing import Any
 
 from inventory_pipeline.provider.models import Observation, ProviderKind
 
+INT4_MAX = 2**31 - 1  # the columns a record's numbers are stored in
+INT8_MAX = 2**63 - 1
+
 
 class InvalidResponse(ValueError):
     """The provider's response is not a valid record."""
@@ -25,7 +28,19 @@ def _str(body: dict[str, Any], key: str, required: bool = False) -> str | None:
         return None
     if not isinstance(value, str):
         raise InvalidResponse(f"{key} is not a string")
-    return value
+    return _storable(value, key)
+
+
+def _storable(text: str, key: str) -> str:
+    """PostgreSQL text holds neither NUL nor lone surrogates (which JSON escapes can
+    carry); such a record is invalid rather than a failed write on every retry."""
+    if "\x00" in text:
+        raise InvalidResponse(f"{key} contains NUL")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidResponse(f"{key} is not valid Unicode") from None
+    return text
 
 
 def _number(body: dict[str, Any], key: str) -> float | None:
@@ -37,7 +52,9 @@ def _number(body: dict[str, Any], key: str) -> float | None:
     return float(value)
 
 
-def _int(body: dict[str, Any], key: str, required: bool = False) -> int | None:
+def _int(
+    body: dict[str, Any], key: str, required: bool = False, maximum: int = INT8_MAX
+) -> int | None:
     value = body.get(key)
     if value is None:
         if required:
@@ -45,6 +62,8 @@ def _int(body: dict[str, Any], key: str, required: bool = False) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidResponse(f"{key} is not an integer")
+    if not 0 <= value <= maximum:
+        raise InvalidResponse(f"{key} is out of range")
     return value
 
 
@@ -58,7 +77,7 @@ def _names(body: dict[str, Any], key: str) -> tuple[str, ...]:
     for entry in value:
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise InvalidResponse(f"{key} entries need a name")
-        names.append(entry["name"])
+        names.append(_storable(entry["name"], key))
     return tuple(names)
 
 
@@ -72,11 +91,17 @@ def _date(body: dict[str, Any], key: str) -> date | None:
         raise InvalidResponse(f"{key} is not a date") from None
 
 
-def parse_body(raw: bytes, kind: ProviderKind, expected_id: int) -> Observation:
+def _load(raw: bytes) -> Any:
+    """The decoded JSON body; InvalidResponse for anything else, including nesting deep
+    enough to exhaust the parser's recursion (a crash would retry forever)."""
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise InvalidResponse("body is not JSON") from None
+
+
+def parse_body(raw: bytes, kind: ProviderKind, expected_id: int) -> Observation:
+    body = _load(raw)
     if not isinstance(body, dict):
         raise InvalidResponse("body is not an object")
     tmdb_id = _int(body, "id", required=True)
@@ -92,7 +117,7 @@ def parse_body(raw: bytes, kind: ProviderKind, expected_id: int) -> Observation:
         title=_str(body, "title" if kind == "movie" else "name", required=True) or "",
         genres=_names(body, "genres"),
         vote_average=vote_average,
-        vote_count=_int(body, "vote_count"),
+        vote_count=_int(body, "vote_count", maximum=INT4_MAX),
         original_language=language or None,
         companies=_names(body, "production_companies"),
         release_date=_date(body, "release_date" if kind == "movie" else "first_air_date"),
@@ -103,8 +128,8 @@ def parse_body(raw: bytes, kind: ProviderKind, expected_id: int) -> Observation:
 def tmdb_status_code(raw: bytes) -> int | None:
     """TMDb's own `status_code` from an error body, if the body is one."""
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        body = _load(raw)
+    except InvalidResponse:
         return None
     code = body.get("status_code") if isinstance(body, dict) else None
     return code if isinstance(code, int) and not isinstance(code, bool) else None
@@ -114,8 +139,8 @@ def is_configuration(raw: bytes) -> bool:
     """A TMDb `/3/configuration` body with the fields a working key returns: HTTP
     success alone is not proof (seed 004)."""
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        body = _load(raw)
+    except InvalidResponse:
         return False
     if not isinstance(body, dict):
         return False

@@ -14,7 +14,7 @@ slow (delay seconds), drip (body a byte at a time), truncate (promise more than 
 sent, then hang up mid-body), close (hang up without answering), oversize (a body over
 64 KiB), gzip_bomb (a small gzip body that decodes to megabytes), garbage (not JSON),
 cut_json (a complete response whose JSON is cut short), missing (a 200 without required
-fields).
+fields), body (a 200 with the given text, verbatim).
 It binds to loopback only and never logs request lines (they carry the key).
 """
 
@@ -90,6 +90,7 @@ class Fault:
     retry_after: str | None = None
     delay: float = 0.0
     ids: frozenset[int] | None = None
+    body: str | None = None  # the "body" fault's verbatim 200 response
 
     def applies(self, tmdb_id: int | None) -> bool:
         return self.ids is None or (tmdb_id is not None and tmdb_id in self.ids)
@@ -245,6 +246,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(bytes([byte]))
                 self.wfile.flush()
                 time.sleep(fault.delay or 0.5)
+        elif fault.fault == "body":
+            self._send(200, (fault.body or "").encode("utf-8", "surrogatepass"))
         elif fault.fault == "cut_json":
             self._send(200, json.dumps(record("movie", 1)).encode()[:40])
         elif fault.fault == "gzip_bomb":

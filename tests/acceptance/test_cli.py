@@ -39,6 +39,17 @@ def run(
         ),
         (["dev"], {"DAGSTER_HOME": "/nonexistent/dagster"}, "DAGSTER_HOME /nonexistent/dagster"),
         (["status"], {"INVENTORY_LEASE_SECONDS": "abc"}, "INVENTORY_LEASE_SECONDS must be"),
+        (["refresh", "--limit", "0"], {}, "must be a positive whole number, got '0'"),
+        (["refresh", "--limit", "1; DROP TABLE libraries"], {}, "must be a positive whole"),
+        (["observe", "--limit", "-5"], {}, "must be a positive whole number"),
+        (["dev", "--port", "99999"], {}, "must be a TCP port"),
+        (["tmdb-key", "--language", "en'); DROP TABLE x; --"], {}, "must look like en or en-US"),
+        (
+            ["status"],
+            {"INVENTORY_DATABASE_URL": "postgresql://u:hunter2@127.0.0.1:1/x'; DROP DATABASE x"},
+            "malformed database URL",
+        ),
+        (["status"], {"INVENTORY_TMDB_BASE_URL": "http://h/'; --?api_key=s3cret"}, "TMDb"),
     ],
 )
 def test_bad_input_is_one_line(args: list[str], env: dict[str, str], message: str) -> None:
@@ -48,6 +59,7 @@ def test_bad_input_is_one_line(args: list[str], env: dict[str, str], message: st
     assert len(lines) == 1, result.stderr
     assert message in lines[0]
     assert "Traceback" not in result.stderr and "hunter2" not in result.stderr
+    assert "s3cret" not in result.stderr
 
 
 def test_demo_refresh_status_on_a_server(db_url: str, tmp_path: Path) -> None:
@@ -105,3 +117,9 @@ def test_bad_key_input_is_refused(db_url: str) -> None:
     assert result.stderr.strip().splitlines() == [
         "inventory-pipeline: error: the TMDb key must be one non-empty line without spaces"
     ]
+
+
+def test_webserver_binds_to_loopback_by_default() -> None:
+    from inventory_pipeline.cli import _parser
+
+    assert _parser().parse_args(["dev"]).host == "127.0.0.1"
