@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chaos import invariants
-from chaos.config import API_KEY, LEASE_SECONDS, STATS_SETTINGS
+from chaos.config import API_KEY, LEASE_SECONDS, STATS_SETTINGS, WRONG_KEY
 from chaos.worker import ROLES
 from chaos.workload import Workload
 from inventory_pipeline.db import Connection, DatabaseError, connect, execute, fetch_one
@@ -32,6 +32,7 @@ from inventory_pipeline.db.migrator import migrate
 from inventory_pipeline.provider import admission
 from inventory_pipeline.provider.standin import StandIn
 from inventory_pipeline.stats import processors
+from tests.factories import tables_containing
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = {"planner": 1, "refresher": 2, "observer": 2, "prober": 1, "stats": 2, "maintainer": 1}
@@ -231,6 +232,12 @@ def run(
                 for line in report.worker_errors
                 if line.split(": ")[1] not in EXPECTED_ERRORS
             ]
+            for secret, name in ((API_KEY, "the TMDb key"), (WRONG_KEY, "a rejected key")):
+                report.divergences += [
+                    f"{name} found in table {table}" for table in tables_containing(conn, secret)
+                ]
+                if any(secret in line for line in report.worker_errors):
+                    report.divergences.append(f"{name} found in a worker's log")
     finally:
         with connect(admin_url) as admin:
             drop_database(admin, name)

@@ -180,3 +180,34 @@ def auth_cases(
         (failed_ago, failed_ago, failed_ago, ids),
     )
     return ids
+
+
+def tables_containing(conn: Connection, needle: str) -> list[str]:
+    """Tables (other than provider_settings, which holds the key by design) with any
+    row whose text contains `needle`. A session-temporary function scans them, each
+    table name quoted by format(%I), the needle bound."""
+    execute(
+        conn,
+        """
+        CREATE OR REPLACE FUNCTION pg_temp.tables_containing(needle text)
+        RETURNS SETOF text LANGUAGE plpgsql AS $$
+        DECLARE
+            t text;
+            found boolean;
+        BEGIN
+            FOR t IN SELECT c.relname FROM pg_class c
+                     JOIN pg_namespace n ON n.oid = c.relnamespace
+                     WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p')
+                       AND c.relname <> 'provider_settings' ORDER BY 1 LOOP
+                EXECUTE format(
+                    'SELECT EXISTS (SELECT 1 FROM %I x WHERE strpos(x::text, $1) > 0)', t
+                ) INTO found USING needle;
+                IF found THEN
+                    RETURN NEXT t;
+                END IF;
+            END LOOP;
+        END $$
+        """,
+    )
+    rows = fetch_all(conn, "SELECT pg_temp.tables_containing(%s) AS name", (needle,))
+    return [str(r["name"]) for r in rows]

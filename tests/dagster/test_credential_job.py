@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import dagster as dg
 import pytest
 
-from inventory_pipeline.db import Connection, execute
+from inventory_pipeline.db import Connection, execute, fetch_one
 from inventory_pipeline.defs import credentials as wake_defs
 from inventory_pipeline.defs.resources import InventoryDatabase
 from inventory_pipeline.provider.standin import StandIn
@@ -51,3 +51,58 @@ def test_sensor_launches_verification_then_release(
     assert isinstance(wake_defs.credential_wakeup_sensor(context), dg.SkipReason)
     execute(conn, "UPDATE provider_settings SET api_key = 'rotated-key'")
     assert isinstance(wake_defs.credential_wakeup_sensor(context), dg.RunRequest)
+
+
+WRONG_KEY = "wrong-key-3c0ffee1d2"
+
+
+def test_key_absent_everywhere_after_a_probe_storm(
+    conn: Connection,
+    db_url: str,
+    instance: dg.DagsterInstance,
+    standin: StandIn,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Every probe outcome, with the right key and a rejected one: the keys appear in no
+    log line, event, run config or column other than their own setting."""
+    caplog.set_level("DEBUG")
+    monkeypatch.setenv("INVENTORY_TMDB_BASE_URL", standin.url)
+    db = InventoryDatabase(url=db_url)
+    f.auth_cases(conn, f.library(conn), 3)
+    faults = [
+        ("status", {"status": 500}),
+        ("status", {"status": 401}),
+        ("throttle", {"retry_after": "30"}),
+        ("garbage", {}),
+        ("close", {}),
+        ("truncate", {}),
+        ("none", {}),
+    ]
+    outcomes = set()
+    for key in (TMDB_TEST_KEY, WRONG_KEY):
+        f.provider_key(conn, key)
+        for fault, options in faults:
+            standin.set_fault(fault, **options)
+            # The test clock: whatever backoff the last probe earned has passed.
+            execute(
+                conn, "UPDATE credential_wakeups SET next_probe_at = NULL, throttled_until = NULL"
+            )
+            result = wake_defs.credential_wakeup.execute_in_process(
+                instance=instance, resources={"inventory_db": db}
+            )
+            assert result.success
+            row = fetch_one(conn, "SELECT last_outcome FROM credential_wakeups")
+            assert row is not None
+            outcomes.add(row["last_outcome"])
+    standin.clear_fault()
+    assert {"verified", "auth", "throttled", "transient", "invalid_response"} <= outcomes
+    out, err = capfd.readouterr()
+    for key in (TMDB_TEST_KEY, WRONG_KEY):
+        assert key not in caplog.text and key not in out and key not in err
+        for run in instance.get_runs():
+            assert key not in str(run.run_config) and key not in str(run.tags)
+            for entry in instance.all_logs(run.run_id):
+                assert key not in str(entry)
+        assert f.tables_containing(conn, key) == []

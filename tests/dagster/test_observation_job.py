@@ -7,9 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import dagster as dg
-import psycopg
 import pytest
-from psycopg import sql
 
 from inventory_pipeline.db import Connection, fetch_all
 from inventory_pipeline.defs import observation as obs_defs
@@ -74,26 +72,6 @@ def test_sensor_and_job_report_categories(
     assert isinstance(check, dg.AssetCheckResult) and not check.passed
 
 
-def _columns_containing(db_url: str, needle: str) -> list[str]:
-    found = []
-    with psycopg.connect(db_url, autocommit=True) as c:
-        tables = [
-            r[0]
-            for r in c.execute(
-                "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
-                " AND tablename <> 'provider_settings'"
-            )
-        ]
-        for table in tables:
-            query = sql.SQL("SELECT count(*) FROM {} t WHERE strpos(t::text, %s) > 0").format(
-                sql.Identifier(table)
-            )
-            row = c.execute(query, (needle,)).fetchone()
-            if row and row[0]:
-                found.append(table)
-    return found
-
-
 def test_key_absent_everywhere_after_a_failure_storm(
     conn: Connection,
     db_url: str,
@@ -138,4 +116,4 @@ def test_key_absent_everywhere_after_a_failure_storm(
             for entry in instance.all_logs(run.run_id):
                 assert key not in str(entry)
             assert key not in str(run.run_config)
-        assert _columns_containing(db_url, key) == []
+        assert f.tables_containing(conn, key) == []
