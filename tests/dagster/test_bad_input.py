@@ -1,0 +1,98 @@
+"""Bad run config and partition keys (issue 8): the run fails with one clear message
+and the database is exactly as it was."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from inventory_pipeline.db import Connection
+from inventory_pipeline.defs import profiles as profile_defs
+from inventory_pipeline.defs import stats as stats_defs
+from inventory_pipeline.defs.resources import InventoryDatabase
+from inventory_pipeline.profiles import service
+from inventory_pipeline.profiles.models import RefreshPolicy
+from tests import factories as f
+from tests.db.test_bad_input import fingerprint
+
+HOSTILE_KEY = "1; DROP TABLE libraries; --"
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+def failure_message(result: dg.ExecuteInProcessResult) -> str:
+    [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    error = failure.step_failure_data.error
+    assert error is not None
+    return error.message
+
+
+@pytest.mark.parametrize(
+    ("job", "run_config", "message"),
+    [
+        (
+            profile_defs.library_profile_refresh,
+            {"ops": {"refresh_claimed_profiles": {"config": {"lease_token": HOSTILE_KEY}}}},
+            "lease_token must be a UUID",
+        ),
+        (
+            stats_defs.stats_rebuild,
+            {"ops": {"request_stats_rebuild": {"config": {"user_ids": [HOSTILE_KEY]}}}},
+            "user_ids must be UUIDs",
+        ),
+        (
+            stats_defs.stats_drain,
+            {"ops": {"drain_stats": {"config": {"max_rounds": 0}}}},
+            "max_rounds must be at least 1",
+        ),
+    ],
+    ids=["refresh-token", "rebuild-users", "drain-rounds"],
+)
+def test_bad_run_config_fails_in_one_line_and_changes_nothing(
+    conn: Connection,
+    db_url: str,
+    instance: dg.DagsterInstance,
+    job: dg.JobDefinition,
+    run_config: dict[str, Any],
+    message: str,
+) -> None:
+    lib = f.library(conn)
+    f.items(conn, lib, 5)
+    service.plan(conn, RefreshPolicy())
+    before = fingerprint(conn)
+    result = job.execute_in_process(
+        run_config=run_config,
+        instance=instance,
+        resources={"inventory_db": InventoryDatabase(url=db_url)},
+        raise_on_error=False,
+    )
+    assert not result.success
+    text = failure_message(result)
+    assert message in text.splitlines()[0]
+    assert fingerprint(conn) == before
+
+
+def test_hostile_partition_key_is_refused(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    lib = f.library(conn)
+    f.items(conn, lib, 5)
+    before = fingerprint(conn)
+    instance.add_dynamic_partitions(profile_defs.library_partitions.name, [HOSTILE_KEY])
+    result = dg.materialize(
+        [profile_defs.library_profile],
+        partition_key=HOSTILE_KEY,
+        instance=instance,
+        resources={"inventory_db": InventoryDatabase(url=db_url)},
+        raise_on_error=False,
+    )
+    assert not result.success
+    assert "partition keys must be library ids" in failure_message(result)
+    assert fingerprint(conn) == before
