@@ -8,13 +8,18 @@ INVENTORY_CHAOS_SEED picks another seed.
 from __future__ import annotations
 
 import os
+import random
 import uuid
+from datetime import date
 from pathlib import Path
 
 from chaos import invariants
 from chaos.run import run
-from inventory_pipeline.db import Connection, execute, fetch_one
+from chaos.workload import Workload
+from inventory_pipeline.db import Connection, connect, execute, fetch_all, fetch_one
+from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
 from inventory_pipeline.profiles import service as profiles
+from inventory_pipeline.provider.standin import StandIn
 from tests import factories as f
 from tests.db.test_interleavings import POLICY, process_all
 
@@ -98,3 +103,50 @@ def test_audit_sees_versions_going_back(conn: Connection) -> None:
     assert invariants.stats_versions(conn) == [f"user {user}: applied 2 != requested 3"]
     row = fetch_one(conn, "SELECT count(*) AS n FROM chaos_regressions")
     assert row is not None and row["n"] == 1
+
+
+# The system of record's contents, without clocks or random generations.
+CONTENTS = (
+    "SELECT id, server_id, name, media_kind, active FROM libraries",
+    "SELECT id, library_id, title, year, provider, provider_kind, provider_id, rating, genres,"
+    " primary_studio, original_language, source_generation FROM media_server_items",
+    "SELECT library_id, revision FROM library_inventory_state",
+    "SELECT id, user_id, session_date, notes FROM training_sessions",
+    "SELECT session_id, position, exercise_id, weight_kg, reps, warmup FROM training_sets",
+    "SELECT id, user_id, exercise_id, weight_kg, reps, recorded_on FROM user_manual_pr_records",
+    "SELECT user_id, requested_version FROM user_stats_refresh_state",
+    "SELECT id, owner_user_id, name FROM exercises",
+    "SELECT api_key, language, active FROM provider_settings",
+    "SELECT active_lease_cap FROM stats_projection_worker_settings",
+)
+
+
+def contents(conn: Connection) -> list[str]:
+    return [
+        str(sorted(map(str, fetch_all(conn, f"SELECT * FROM ({query}) AS q"))))
+        for query in CONTENTS
+    ]
+
+
+def test_a_seed_replays_the_same_operations(
+    server_url: str, template_name: str, standin: StandIn
+) -> None:
+    """Without workers the database is a pure function of the operations: two runs of
+    one seed on two fresh databases end with identical contents."""
+    outcomes = []
+    for _ in range(2):
+        name = f"inventory_replay_{uuid.uuid4().hex[:10]}"
+        with connect(server_url) as admin:
+            create_database(admin, name, template=template_name)
+        try:
+            with connect(url_with_database(server_url, name)) as conn:
+                workload = Workload(conn, standin, random.Random(7), date(2026, 11, 30))
+                workload.setup()
+                for _ in range(150):
+                    workload.step()
+                outcomes.append((dict(workload.done), contents(conn)))
+        finally:
+            with connect(server_url) as admin:
+                drop_database(admin, name)
+    assert outcomes[0] == outcomes[1]
+    assert len(outcomes[0][0]) >= 12  # most kinds of operation were drawn
