@@ -123,3 +123,23 @@ def test_webserver_binds_to_loopback_by_default() -> None:
     from inventory_pipeline.cli import _parser
 
     assert _parser().parse_args(["dev"]).host == "127.0.0.1"
+
+
+def test_hostile_key_is_saved_verbatim(db_url: str) -> None:
+    """The key reaches SQL only as a bound parameter: stored exactly, nothing else moved."""
+    from inventory_pipeline.db import connect, fetch_one
+
+    hostile = "k');DELETE/**/FROM/**/provider_settings;--\\x27$$"
+    saved = subprocess.run(
+        [sys.executable, "-m", "inventory_pipeline.cli", "tmdb-key", "--language", "fr-FR"],
+        input=hostile + "\n",
+        env={**os.environ, "INVENTORY_DATABASE_URL": db_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert saved.returncode == 0, saved.stderr
+    assert hostile not in saved.stdout + saved.stderr
+    with connect(db_url) as conn:
+        row = fetch_one(conn, "SELECT api_key, language, active FROM provider_settings")
+    assert row == {"api_key": hostile, "language": "fr-FR", "active": True}
