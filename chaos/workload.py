@@ -18,7 +18,7 @@ from typing import Any
 from chaos.config import API_KEY, WRONG_KEY
 from inventory_pipeline.db import Connection, DatabaseError, execute, fetch_all, fetch_one, jsonb
 from inventory_pipeline.provider.standin import StandIn
-from tests.factories import item_values
+from tests.factories import insert_items, item_values
 
 GLOBAL_EXERCISES = ("squat", "bench_press", "deadlift", "overhead_press", "row", "pull_up")
 FAULTS: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -105,17 +105,7 @@ class Workload:
         rows = item_values(self.rng, count)
         for row in rows:
             row["provider_id"] = str(self.rng.randint(1, 400))  # small space: shared ids
-        execute(
-            self.conn,
-            "INSERT INTO media_server_items (library_id, title, year, provider, provider_kind,"
-            " provider_id, rating, genres, primary_studio, original_language, plot)"
-            " SELECT %s, x.title, x.year, x.provider, x.provider_kind, x.provider_id, x.rating,"
-            " x.genres, x.primary_studio, x.original_language, x.plot"
-            " FROM jsonb_to_recordset(%s) AS x(title text, year int, provider text,"
-            " provider_kind text, provider_id text, rating numeric, genres text[],"
-            " primary_studio text, original_language text, plot text)",
-            (library_id, jsonb(rows)),
-        )
+        insert_items(self.conn, library_id, rows)
 
     def sync(self) -> None:
         self._insert_items(self.rng.choice(self._library_ids()), self.rng.randint(1, 6))

@@ -25,6 +25,7 @@ from inventory_pipeline.db.connection import (
 )
 from inventory_pipeline.db.migrator import migrate
 from inventory_pipeline.provider.standin import StandIn
+from inventory_pipeline.provider.tmdb import TmdbClient
 
 TEST_URL_ENV = "INVENTORY_TEST_DATABASE_URL"
 TMDB_TEST_KEY = "tmdb-test-key-5f3c9a1e"
@@ -92,3 +93,10 @@ def standin() -> Iterator[StandIn]:
     """A TMDb stand-in on loopback with the test key."""
     with StandIn(api_key=TMDB_TEST_KEY) as server:
         yield server
+
+
+@pytest.fixture
+def client(standin: StandIn) -> Iterator[TmdbClient]:
+    """A TMDb client on the stand-in: one-second deadline, 64 KiB body limit."""
+    with TmdbClient(standin.url, timeout_seconds=1.0, max_body_bytes=64 * 1024) as c:
+        yield c

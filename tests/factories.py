@@ -63,14 +63,8 @@ def item_values(rng: random.Random, n: int) -> list[dict[str, Any]]:
     return out
 
 
-def items(
-    conn: Connection, library_id: int, n: int = 10, seed: int = 1, **overrides: Any
-) -> list[int]:
-    """Insert n items in one statement; returns their ids."""
-    rng = random.Random(seed)
-    rows = item_values(rng, n)
-    for row in rows:
-        row.update(overrides)
+def insert_items(conn: Connection, library_id: int, rows: list[dict[str, Any]]) -> list[int]:
+    """Insert item rows (as made by `item_values`) in one statement; returns their ids."""
     result = fetch_all(
         conn,
         "INSERT INTO media_server_items (library_id, title, year, provider, provider_kind,"
@@ -84,6 +78,16 @@ def items(
         (library_id, jsonb(rows)),
     )
     return [int(r["id"]) for r in result]
+
+
+def items(
+    conn: Connection, library_id: int, n: int = 10, seed: int = 1, **overrides: Any
+) -> list[int]:
+    """Insert n items in one statement; returns their ids."""
+    rows = item_values(random.Random(seed), n)
+    for row in rows:
+        row.update(overrides)
+    return insert_items(conn, library_id, rows)
 
 
 def state(conn: Connection, library_id: int) -> dict[str, Any]:

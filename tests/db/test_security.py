@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from datetime import date
 
 import pytest
@@ -169,12 +168,6 @@ def test_hostile_strings_are_data_on_every_write_path(conn: Connection) -> None:
         " ('media_server_items', 'libraries', 'training_sessions')",
     )
     assert tables == {"n": 3}
-
-
-@pytest.fixture
-def client(standin: StandIn) -> Iterator[TmdbClient]:
-    with TmdbClient(standin.url, timeout_seconds=1.0, max_body_bytes=64 * 1024) as c:
-        yield c
 
 
 def _body(**changes: object) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Iterator
 
 import pytest
 
@@ -20,12 +19,6 @@ from inventory_pipeline.provider.tmdb import (
 from tests.conftest import TMDB_TEST_KEY
 
 KEY = TMDB_TEST_KEY
-
-
-@pytest.fixture
-def client(standin: StandIn) -> Iterator[TmdbClient]:
-    with TmdbClient(standin.url, timeout_seconds=1.0, max_body_bytes=64 * 1024) as c:
-        yield c
 
 
 def test_movie_and_tv_are_validated(client: TmdbClient) -> None:

@@ -5,7 +5,6 @@ observation service, exactly one request per attempt and one bounded due retry."
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
@@ -32,12 +31,6 @@ def _dates() -> dict[str, str]:
         "RFC 850": moment.strftime("%A, %d-%b-%y %H:%M:%S GMT"),
         "asctime": f"{moment:%a %b} {moment.day:2d} {moment:%H:%M:%S %Y}",
     }
-
-
-@pytest.fixture
-def client(standin: StandIn) -> Iterator[TmdbClient]:
-    with TmdbClient(standin.url, timeout_seconds=1.0, max_body_bytes=64 * 1024) as c:
-        yield c
 
 
 @pytest.mark.parametrize(
