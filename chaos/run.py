@@ -35,7 +35,7 @@ from inventory_pipeline.stats import processors
 from tests.factories import tables_containing
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKERS = {"planner": 1, "refresher": 2, "observer": 2, "prober": 1, "stats": 2, "maintainer": 1}
+WORKERS = {"planner": 2, "refresher": 2, "observer": 2, "prober": 1, "stats": 2, "maintainer": 1}
 OPS_PER_SECOND = 8
 KILL_CHANCE = 0.04  # per operation
 PAUSE_CHANCE = 0.012
