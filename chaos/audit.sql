@@ -9,9 +9,13 @@ CREATE TABLE chaos_profile_claims (
     claimed_at timestamptz NOT NULL,
     lease_expires_at timestamptz NOT NULL
 );
+-- completing_token: the token the completing worker declared for its session
+-- (chaos.completing_token), which the product's statements do not write anywhere; it
+-- is what tells a stale worker's completion from the live claim's.
 CREATE TABLE chaos_profile_acks (
     request_id bigint NOT NULL,
     lease_token uuid NOT NULL,
+    completing_token text NOT NULL,
     acked_at timestamptz NOT NULL,
     lease_expires_at timestamptz NOT NULL
 );
@@ -20,7 +24,9 @@ BEGIN
     IF NEW.status = 'running' AND NEW.lease_token IS DISTINCT FROM OLD.lease_token THEN
         INSERT INTO chaos_profile_claims VALUES (NEW.id, NEW.lease_token, now(), NEW.lease_expires_at);
     ELSIF OLD.status = 'running' AND NEW.status = 'succeeded' THEN
-        INSERT INTO chaos_profile_acks VALUES (OLD.id, OLD.lease_token, now(), OLD.lease_expires_at);
+        INSERT INTO chaos_profile_acks VALUES (OLD.id, OLD.lease_token,
+            coalesce(current_setting('chaos.completing_token', true), ''), now(),
+            OLD.lease_expires_at);
     END IF;
     RETURN NULL;
 END $$;
@@ -62,6 +68,7 @@ CREATE TABLE chaos_stats_publications (
     run_id bigint NOT NULL,
     user_id uuid NOT NULL,
     lease_token uuid NOT NULL,
+    completing_token text NOT NULL,
     lease_until timestamptz NOT NULL,
     published_at timestamptz NOT NULL
 );
@@ -69,7 +76,9 @@ CREATE FUNCTION chaos_publication_audit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.phase = 'published' AND OLD.phase IS DISTINCT FROM 'published' THEN
         INSERT INTO chaos_stats_publications
-        VALUES (NEW.id, NEW.user_id, OLD.lease_token, OLD.lease_until, now());
+        VALUES (NEW.id, NEW.user_id, OLD.lease_token,
+                coalesce(current_setting('chaos.completing_token', true), ''),
+                OLD.lease_until, now());
     END IF;
     RETURN NULL;
 END $$;
@@ -86,7 +95,8 @@ CREATE TABLE chaos_item_claims (
 );
 CREATE TABLE chaos_item_completions (
     item_id bigint NOT NULL,
-    lease_token uuid NOT NULL,
+    lease_token uuid,  -- the item's claim when the completion wrote (NULL: none)
+    completing_token text NOT NULL,
     source_generation bigint NOT NULL,
     completed_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
@@ -96,10 +106,12 @@ BEGIN
        AND NEW.observation_lease_token IS DISTINCT FROM OLD.observation_lease_token THEN
         INSERT INTO chaos_item_claims (item_id, lease_token, source_generation)
         VALUES (NEW.id, NEW.observation_lease_token, NEW.source_generation);
-    ELSIF OLD.observation_lease_token IS NOT NULL AND NEW.observation_lease_token IS NULL
-          AND NEW.observation_attempts > OLD.observation_attempts THEN
-        INSERT INTO chaos_item_completions (item_id, lease_token, source_generation)
-        VALUES (NEW.id, OLD.observation_lease_token, NEW.source_generation);
+    ELSIF NEW.observation_attempts > OLD.observation_attempts THEN
+        INSERT INTO chaos_item_completions
+            (item_id, lease_token, completing_token, source_generation)
+        VALUES (NEW.id, OLD.observation_lease_token,
+                coalesce(current_setting('chaos.completing_token', true), ''),
+                NEW.source_generation);
     END IF;
     RETURN NULL;
 END $$;

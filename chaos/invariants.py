@@ -106,23 +106,30 @@ def no_lost_claim_acknowledged(conn: Connection) -> list[str]:
     while its lease was live; each stats publication under a live lease; each
     observation completion from the item's latest claim of the same source."""
     out = [
-        f"request {r['request_id']}: acknowledged by token {r['lease_token']} ({r['why']})"
+        f"request {r['request_id']}: acknowledged by token {r['completing_token'] or '?'}"
+        f" ({r['why']})"
         for r in fetch_all(
             conn,
-            "SELECT a.request_id, a.lease_token,"
-            " CASE WHEN a.acked_at >= a.lease_expires_at THEN 'lease expired'"
+            "SELECT a.request_id, a.completing_token,"
+            " CASE WHEN a.completing_token <> a.lease_token::text THEN 'not the live claim'"
+            "      WHEN a.acked_at >= a.lease_expires_at THEN 'lease expired'"
             "      ELSE 'a newer claim existed' END AS why"
             " FROM chaos_profile_acks a"
-            " WHERE a.acked_at >= a.lease_expires_at OR a.lease_token IS DISTINCT FROM ("
+            " WHERE a.completing_token <> a.lease_token::text"
+            " OR a.acked_at >= a.lease_expires_at OR a.lease_token IS DISTINCT FROM ("
             "   SELECT c.lease_token FROM chaos_profile_claims c"
             "   WHERE c.request_id = a.request_id AND c.claimed_at <= a.acked_at"
             "   ORDER BY c.claimed_at DESC LIMIT 1)",
         )
     ]
     out += [
-        f"stats run {r['run_id']}: published after its lease ended"
+        f"stats run {r['run_id']}: published by {r['why']}"
         for r in fetch_all(
-            conn, "SELECT run_id FROM chaos_stats_publications WHERE published_at >= lease_until"
+            conn,
+            "SELECT run_id, CASE WHEN completing_token <> lease_token::text"
+            " THEN 'a worker that did not hold its lease' ELSE 'its worker after the lease ended'"
+            " END AS why FROM chaos_stats_publications"
+            " WHERE completing_token <> lease_token::text OR published_at >= lease_until",
         )
     ]
     out += [
@@ -133,7 +140,8 @@ def no_lost_claim_acknowledged(conn: Connection) -> list[str]:
             "   SELECT k.lease_token, k.source_generation FROM chaos_item_claims k"
             "   WHERE k.item_id = c.item_id AND k.claimed_at <= c.completed_at"
             "   ORDER BY k.claimed_at DESC LIMIT 1) k ON true"
-            " WHERE (c.lease_token, c.source_generation)"
+            " WHERE c.completing_token <> coalesce(c.lease_token::text, '')"
+            " OR (c.lease_token, c.source_generation)"
             "   IS DISTINCT FROM (k.lease_token, k.source_generation)",
         )
     ]

@@ -13,12 +13,13 @@ import sys
 import time
 from collections.abc import Callable
 from typing import Any
+from uuid import UUID
 
 import pandas as pd
 
 from chaos.config import LEASE_SECONDS, PROFILE_POLICY, RETRY_POLICY
 from inventory_pipeline.credentials import service as credentials
-from inventory_pipeline.db import Connection, connect
+from inventory_pipeline.db import Connection, connect, execute
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.profiles.generator import generate_profile
 from inventory_pipeline.provider.tmdb import TmdbClient
@@ -27,23 +28,41 @@ from inventory_pipeline.stats import maintenance, processors
 from inventory_pipeline.stats import service as stats_service
 
 IDLE_SECONDS = 0.2
+PLANNER_TICK_SECONDS = 1.0
 Step = Callable[[Connection], bool]  # True when the step found work
 
 
+def declare(conn: Connection, token: UUID) -> None:
+    """Tell the audit trail which claim this session completes next: the product's
+    statements bind the token in their guards but write it nowhere."""
+    execute(conn, "SELECT set_config('chaos.completing_token', %s, false)", (str(token),))
+
+
 def planner(conn: Connection) -> bool:
-    return profiles.plan(conn, PROFILE_POLICY).planned > 0
+    """One tick a second, like a sensor (every 5 s in production): an expired claim stays
+    `running` until a tick recovers it, the window a late completion must not use."""
+    profiles.plan(conn, PROFILE_POLICY)
+    time.sleep(PLANNER_TICK_SECONDS)
+    return True
+
+
+def stall() -> None:
+    """Outlive the lease: mostly only just (the lease has run out, no planner tick has
+    recovered the claim yet), sometimes long enough for another worker to claim it."""
+    time.sleep(random.uniform(LEASE_SECONDS + 0.05, LEASE_SECONDS + 1.5))
 
 
 def slow_generate(frame: pd.DataFrame) -> dict[str, Any]:
     """The product's generator, now and then slower than the lease: the completion that
     follows must find its claim lost and change nothing."""
-    if random.random() < 0.08:
-        time.sleep(LEASE_SECONDS + 0.5)
+    if random.random() < 0.15:
+        stall()
     return generate_profile(frame)
 
 
 def refresher(conn: Connection) -> bool:
     batch = profiles.claim(conn, PROFILE_POLICY, limit=3)
+    declare(conn, batch.lease_token)
     profiles.process_batch(conn, batch.lease_token, PROFILE_POLICY, slow_generate)
     return bool(batch.claims)
 
@@ -55,7 +74,11 @@ def observer(provider_url: str) -> Step:
         claims = recovery.claim(conn, 4, LEASE_SECONDS)
         for claim in claims:
             settings = recovery.provider_settings(conn)
-            recovery.observe_claim(conn, claim, client, settings, RETRY_POLICY)
+            result = recovery.fetch(conn, claim, client, settings)
+            if random.random() < 0.05:
+                stall()  # the item is due again at once: another observer may take it
+            declare(conn, claim.lease_token)
+            recovery.complete(conn, claim, result, RETRY_POLICY)
         return bool(claims)
 
     return step
@@ -73,23 +96,24 @@ def prober(provider_url: str) -> Step:
 
 
 def stats(conn: Connection) -> bool:
-    """The drain loop, or one claim stepped by hand with a stall past the lease before
-    computing or before publishing (the later stage must find the lease lost or renew
-    it under the fence, never publish for a lost claim)."""
-    owner = f"chaos-{os.getpid()}"
-    if random.random() < 0.5:
-        return processors.drain(conn, owner, max_rounds=5).rounds > 0
-    claim = stats_service.claim(conn, owner)
+    """One claim through the drain's own path, or stepped by hand with a stall past the
+    lease before computing or before publishing (the later stage must find the lease
+    lost or renew it under the fence, never publish for a lost claim)."""
+    claim = stats_service.claim(conn, f"chaos-{os.getpid()}")
     if claim is None:
         return False
+    declare(conn, claim.lease_token)
+    if random.random() < 0.5:
+        processors.process_claim(conn, claim)
+        return True
     if random.random() < 0.08:
-        time.sleep(LEASE_SECONDS + 0.5)
+        stall()
     result = stats_service.compute(conn, claim)
     while result.status == "batch_pending":
         result = stats_service.compute(conn, claim)
     if result.status == "computed":
         if random.random() < 0.08:
-            time.sleep(LEASE_SECONDS + 0.5)
+            stall()
         stats_service.publish(conn, claim)
     return True
 

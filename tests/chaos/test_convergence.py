@@ -15,13 +15,14 @@ from pathlib import Path
 
 from chaos import invariants
 from chaos.run import run
+from chaos.worker import declare
 from chaos.workload import Workload
 from inventory_pipeline.db import Connection, connect, execute, fetch_all, fetch_one
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.provider.standin import StandIn
 from tests import factories as f
-from tests.db.test_interleavings import POLICY, process_all
+from tests.db.test_interleavings import POLICY, expire_request, process_all, recover_now
 
 CI_SEED = 20261130
 CI_SECONDS = 40.0
@@ -61,28 +62,46 @@ def test_checks_see_a_stale_profile_and_a_lagging_library(conn: Connection) -> N
     assert invariants.outstanding(conn)["dirty libraries"] == 1
 
 
-def test_audit_sees_an_acknowledgement_by_a_lost_claim(conn: Connection) -> None:
+def _acknowledge_unguarded(conn: Connection, request_id: int) -> None:
+    """What a broken fence would let through: success whatever the claim's state."""
+    execute(
+        conn,
+        "UPDATE profile_refresh_requests SET status = 'succeeded', finished_at = now(),"
+        " lease_token = NULL, lease_expires_at = NULL WHERE id = %s AND status = 'running'",
+        (request_id,),
+    )
+
+
+def test_audit_tells_the_live_claim_from_a_lost_one(conn: Connection) -> None:
     _audited(conn)
     lib = f.library(conn)
     f.items(conn, lib, 4)
     profiles.plan(conn, POLICY)
-    [claim] = profiles.claim(conn, POLICY).claims
+    [live] = profiles.claim(conn, POLICY).claims
+    declare(conn, live.lease_token)
+    assert profiles.process(conn, live, POLICY).outcome == "published"
     assert invariants.no_lost_claim_acknowledged(conn) == []
-    # Bypass the guarded completion: what a broken fence would let through.
-    execute(
-        conn,
-        "UPDATE profile_refresh_requests SET lease_expires_at = now() - interval '1 second'"
-        " WHERE id = %s",
-        (claim.request_id,),
-    )
-    execute(
-        conn,
-        "UPDATE profile_refresh_requests SET status = 'succeeded', finished_at = now(),"
-        " lease_token = NULL, lease_expires_at = NULL WHERE id = %s",
-        (claim.request_id,),
-    )
+    # The lease ran out, yet its worker acknowledges.
+    f.items(conn, lib, 1, seed=3)
+    profiles.plan(conn, POLICY)
+    [late] = profiles.claim(conn, POLICY).claims
+    expire_request(conn, late.request_id)
+    declare(conn, late.lease_token)
+    _acknowledge_unguarded(conn, late.request_id)
     assert invariants.no_lost_claim_acknowledged(conn) == [
-        f"request {claim.request_id}: acknowledged by token {claim.lease_token} (lease expired)"
+        f"request {late.request_id}: acknowledged by token {late.lease_token} (lease expired)"
+    ]
+    # A stale worker acknowledges a request another worker has claimed since.
+    f.items(conn, lib, 1, seed=4)
+    profiles.plan(conn, POLICY)
+    [old] = profiles.claim(conn, POLICY).claims
+    expire_request(conn, old.request_id)
+    recover_now(conn)
+    [new] = profiles.claim(conn, POLICY).claims
+    declare(conn, old.lease_token)
+    _acknowledge_unguarded(conn, new.request_id)
+    assert invariants.no_lost_claim_acknowledged(conn)[1:] == [
+        f"request {old.request_id}: acknowledged by token {old.lease_token} (not the live claim)"
     ]
 
 
