@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
@@ -39,7 +40,7 @@ WORKERS = {"planner": 2, "refresher": 2, "observer": 2, "prober": 1, "stats": 2,
 OPS_PER_SECOND = 8
 KILL_CHANCE = 0.04  # per operation
 PAUSE_CHANCE = 0.012
-PAUSE_OPS = int(OPS_PER_SECOND * (LEASE_SECONDS + 1.5))  # outlives the lease
+PAUSE_SECONDS = LEASE_SECONDS + 1.5  # outlives the lease
 QUIESCE_SECONDS = 150
 # Errors a worker may meet under chaos and recover from; anything else is a divergence.
 EXPECTED_ERRORS = ("DatabaseError", "DatabaseUnavailable", "LockNotAvailable", "AdmissionTimeout")
@@ -50,7 +51,7 @@ class Worker:
     role: str
     log: Path
     process: subprocess.Popen[bytes] | None = None
-    paused_until: int | None = None
+    pause: threading.Timer | None = None  # set while stopped: the timer that resumes it
 
 
 @dataclass
@@ -96,6 +97,7 @@ class Harness:
         self.workers = [
             Worker(role, logs / f"{role}-{n}.log") for role in ROLES for n in range(WORKERS[role])
         ]
+        self.lock = threading.Lock()
 
     def start(self, worker: Worker) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -108,31 +110,46 @@ class Harness:
                 stderr=log,
                 start_new_session=True,
             )
-        worker.paused_until = None
         self.report.runs += 1
 
     def kill(self, worker: Worker) -> None:
-        assert worker.process is not None
-        os.kill(worker.process.pid, signal.SIGKILL)
-        worker.process.wait()
-        self.report.kills[worker.role] += 1
-        self.start(worker)
+        with self.lock:
+            if worker.pause is not None:  # a stopped worker dies too
+                worker.pause.cancel()
+                worker.pause = None
+            assert worker.process is not None
+            os.kill(worker.process.pid, signal.SIGKILL)
+            worker.process.wait()
+            self.report.kills[worker.role] += 1
+            self.start(worker)
 
-    def pause(self, worker: Worker, until: int) -> None:
-        assert worker.process is not None
-        os.kill(worker.process.pid, signal.SIGSTOP)
-        worker.paused_until = until
-        self.report.pauses[worker.role] += 1
+    def pause(self, worker: Worker) -> None:
+        """SIGSTOP past the lease; a timer resumes it on its own clock, whatever the
+        workload is doing (a writer may be waiting on a lock the stopped worker holds)."""
+        with self.lock:
+            assert worker.process is not None
+            if worker.pause is not None:  # already stopped: the pause grows
+                worker.pause.cancel()
+            os.kill(worker.process.pid, signal.SIGSTOP)
+            worker.pause = threading.Timer(PAUSE_SECONDS, self.resume, (worker,))
+            worker.pause.start()
+            self.report.pauses[worker.role] += 1
 
-    def resume_due(self, op: int | None) -> None:
+    def resume(self, worker: Worker) -> None:
+        with self.lock:
+            if worker.pause is None:
+                return
+            worker.pause.cancel()
+            worker.pause = None
+            assert worker.process is not None
+            os.kill(worker.process.pid, signal.SIGCONT)
+
+    def resume_all(self) -> None:
         for worker in self.workers:
-            due = worker.paused_until
-            if due is not None and (op is None or op >= due):
-                assert worker.process is not None
-                os.kill(worker.process.pid, signal.SIGCONT)
-                worker.paused_until = None
+            self.resume(worker)
 
     def stop(self) -> None:
+        self.resume_all()
         for worker in self.workers:
             if worker.process is not None and worker.process.poll() is None:
                 os.kill(worker.process.pid, signal.SIGKILL)
@@ -196,10 +213,10 @@ def run(
     log: Callable[[str], None] = print,
 ) -> Report:
     report = Report(seed=seed, seconds=seconds)
-    name = f"inventory_chaos_{uuid.uuid4().hex[:10]}"
+    database = f"inventory_chaos_{uuid.uuid4().hex[:10]}"
     with connect(admin_url) as admin:
-        create_database(admin, name)
-    url = url_with_database(admin_url, name)
+        create_database(admin, database)
+    url = url_with_database(admin_url, database)
     try:
         with (
             connect(url) as conn,
@@ -232,15 +249,15 @@ def run(
                 for line in report.worker_errors
                 if line.split(": ")[1] not in EXPECTED_ERRORS
             ]
-            for secret, name in ((API_KEY, "the TMDb key"), (WRONG_KEY, "a rejected key")):
+            for secret, what in ((API_KEY, "the TMDb key"), (WRONG_KEY, "a rejected key")):
                 report.divergences += [
-                    f"{name} found in table {table}" for table in tables_containing(conn, secret)
+                    f"{what} found in table {table}" for table in tables_containing(conn, secret)
                 ]
                 if any(secret in line for line in report.worker_errors):
-                    report.divergences.append(f"{name} found in a worker's log")
+                    report.divergences.append(f"{what} found in a worker's log")
     finally:
         with connect(admin_url) as admin:
-            drop_database(admin, name)
+            drop_database(admin, database)
     return report
 
 
@@ -257,19 +274,18 @@ def _chaos(
     started = time.monotonic()
     for op in range(total):
         workload.step()
-        harness.resume_due(op)
         roll = schedule.random()
         target = schedule.choice(harness.workers)
-        if roll < KILL_CHANCE and target.paused_until is None:
+        if roll < KILL_CHANCE:
             harness.kill(target)
-        elif roll < KILL_CHANCE + PAUSE_CHANCE and target.paused_until is None:
-            harness.pause(target, op + PAUSE_OPS)
+        elif roll < KILL_CHANCE + PAUSE_CHANCE:
+            harness.pause(target)
         if op % (OPS_PER_SECOND * 10) == 0 and op:
             log(f"  {op}/{total} operations, {sum(harness.report.kills.values())} kills")
         delay = started + (op + 1) / OPS_PER_SECOND - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-    harness.resume_due(None)
+    harness.resume_all()
 
 
 def _rebuild_and_compare(conn: Connection, harness: Harness) -> list[str]:

@@ -75,6 +75,7 @@ def db_url(server_url: str, template_name: str) -> Iterator[str]:
     finally:
         with connect(server_url) as admin:
             drop_database(admin, name)
+            drop_database(admin, f"{name}_dagster")  # made by the CLI's provisioning
 
 
 @pytest.fixture

@@ -48,11 +48,22 @@ def validate_url(url: str) -> None:
         raise InvalidDatabaseUrl(f"malformed database URL {redact_url(url)!r}: {exc}") from None
 
 
-def connect(url: str, *, application_name: str = "inventory_pipeline") -> Connection:
+# The pipeline never keeps a transaction open across I/O or computation, so a session
+# of ours idle inside a transaction is a frozen or stopped process; the server ends it
+# after this long and its locks (a settings share lock, say) stop blocking writers.
+IDLE_IN_TRANSACTION_MS = 30_000
+
+
+def connect(
+    url: str,
+    *,
+    application_name: str = "inventory_pipeline",
+    idle_in_transaction_ms: int = IDLE_IN_TRANSACTION_MS,
+) -> Connection:
     """Open an autocommit connection with dict rows."""
     validate_url(url)
     try:
-        return psycopg.connect(
+        conn = psycopg.connect(
             url,
             autocommit=True,
             row_factory=dict_row,
@@ -62,6 +73,12 @@ def connect(url: str, *, application_name: str = "inventory_pipeline") -> Connec
     except psycopg.OperationalError as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DatabaseUnavailable(f"cannot connect to {redact_url(url)}: {reason}") from None
+    with translate_errors():
+        conn.execute(
+            "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+            (f"{idle_in_transaction_ms}ms",),
+        )
+    return conn
 
 
 @contextlib.contextmanager
@@ -71,7 +88,8 @@ def translate_errors() -> Iterator[None]:
         yield
     except errors.LockNotAvailable as exc:
         raise LockNotAvailable(str(exc).strip()) from exc
-    except psycopg.OperationalError as exc:
+    except (psycopg.OperationalError, errors.IdleInTransactionSessionTimeout) as exc:
+        # The session is gone (the server ended it): nothing more can be done on it.
         raise DatabaseUnavailable(str(exc).strip()) from exc
     except psycopg.Error as exc:
         raise DatabaseError(str(exc).strip()) from exc

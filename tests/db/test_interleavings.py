@@ -11,7 +11,7 @@ from datetime import date
 import pytest
 
 from inventory_pipeline.credentials import service as credentials
-from inventory_pipeline.db import Connection, connect, execute, fetch_all
+from inventory_pipeline.db import Connection, DatabaseUnavailable, connect, execute, fetch_all
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.profiles.models import RefreshPolicy
 from inventory_pipeline.provider.standin import StandIn
@@ -270,3 +270,22 @@ def test_settings_save_against_the_probe_in_every_order(
     )
     expected = None if stale else claim.generation
     assert [r["g"] for r in receipts] == [expected, expected]
+
+
+def test_a_frozen_worker_cannot_block_settings_writers(db_url: str, conn: Connection) -> None:
+    """A worker stopped inside the probe's settings share lock (SIGSTOP, a VM pause)
+    leaves its session idle in a transaction; the server ends that session, the lock
+    goes with it, and the settings writer proceeds."""
+    with connect(db_url, idle_in_transaction_ms=300) as frozen:
+        frozen.execute("BEGIN")
+        frozen.execute("SELECT 1 FROM provider_settings FOR SHARE")
+        save_settings(conn, TMDB_TEST_KEY)  # waits until the frozen session is ended
+        with pytest.raises(DatabaseUnavailable):
+            execute(frozen, "SELECT 1")
+    row = fetch_all(conn, "SELECT api_key FROM provider_settings")
+    assert row == [{"api_key": TMDB_TEST_KEY}]
+
+
+def test_sessions_are_ended_when_idle_in_a_transaction(conn: Connection) -> None:
+    row = fetch_all(conn, "SHOW idle_in_transaction_session_timeout")
+    assert row == [{"idle_in_transaction_session_timeout": "30s"}]
