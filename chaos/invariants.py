@@ -53,10 +53,33 @@ def outstanding(conn: Connection) -> dict[str, int]:
             " WHERE l.active AND i.recovery_case_id IS NOT NULL"
             " AND i.recovery_resolved_at IS NULL AND i.recovery_category <> 'not_found'",
         ),
+        # An item of an inactive library keeps a dead worker's expired lease until the
+        # library is active again and the item is claimed anew (claim_due admits it).
         "observation leases": _count(
-            conn, "SELECT 1 FROM media_server_items WHERE observation_lease_token IS NOT NULL"
+            conn,
+            "SELECT 1 FROM media_server_items i JOIN libraries l ON l.id = i.library_id"
+            " JOIN media_servers m ON m.id = l.server_id"
+            " WHERE i.observation_lease_token IS NOT NULL AND l.active AND m.active",
         ),
     }
+
+
+def describe_leases(conn: Connection) -> list[str]:
+    """The leased items, for a run that did not quiesce."""
+    return [
+        f"item {r['id']}: lease {r['state']}, library {r['library_id']}"
+        f" {'active' if r['active'] else 'inactive'}, due in {r['due_in']:.0f} s"
+        for r in fetch_all(
+            conn,
+            "SELECT i.id, i.library_id, l.active AND m.active AS active,"
+            " CASE WHEN i.observation_lease_expires_at > now() THEN 'live' ELSE 'expired' END"
+            "   AS state,"
+            " extract(epoch FROM i.observation_due_at - now())::float8 AS due_in"
+            " FROM media_server_items i JOIN libraries l ON l.id = i.library_id"
+            " JOIN media_servers m ON m.id = l.server_id"
+            " WHERE i.observation_lease_token IS NOT NULL ORDER BY i.id LIMIT 10",
+        )
+    ]
 
 
 def profiles_converged(conn: Connection) -> list[str]:

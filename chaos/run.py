@@ -235,6 +235,8 @@ def run(
                 workload.settle()
                 report.quiesce_seconds, left = _quiesce(conn, QUIESCE_SECONDS, harness)
                 report.divergences += [f"still outstanding: {k} {v}" for k, v in left.items()]
+                if "observation leases" in left:
+                    report.divergences += invariants.describe_leases(conn)
                 report.divergences += _rebuild_and_compare(conn, harness)
             finally:
                 harness.stop()
