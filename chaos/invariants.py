@@ -49,17 +49,16 @@ def outstanding(conn: Connection) -> dict[str, int]:
         ),
         "observable open cases": _count(
             conn,
-            "SELECT 1 FROM media_server_items i JOIN libraries l ON l.id = i.library_id"
-            " WHERE l.active AND i.recovery_case_id IS NOT NULL"
+            "SELECT 1 FROM media_server_items i"
+            f" WHERE i.library_id IN ({ACTIVE_LIBRARIES}) AND i.recovery_case_id IS NOT NULL"
             " AND i.recovery_resolved_at IS NULL AND i.recovery_category <> 'not_found'",
         ),
         # An item of an inactive library keeps a dead worker's expired lease until the
         # library is active again and the item is claimed anew (claim_due admits it).
         "observation leases": _count(
             conn,
-            "SELECT 1 FROM media_server_items i JOIN libraries l ON l.id = i.library_id"
-            " JOIN media_servers m ON m.id = l.server_id"
-            " WHERE i.observation_lease_token IS NOT NULL AND l.active AND m.active",
+            "SELECT 1 FROM media_server_items i WHERE i.observation_lease_token IS NOT NULL"
+            f" AND i.library_id IN ({ACTIVE_LIBRARIES})",
         ),
     }
 

@@ -46,6 +46,13 @@ QUIESCE_SECONDS = 150
 EXPECTED_ERRORS = ("DatabaseError", "DatabaseUnavailable", "LockNotAvailable", "AdmissionTimeout")
 
 
+def _expected(line: str) -> bool:
+    """A worker's `role: Type: message` line naming an error it recovers from; anything
+    else (a traceback of a crash at start-up, say) is not."""
+    parts = line.split(": ", 2)
+    return len(parts) == 3 and parts[1] in EXPECTED_ERRORS
+
+
 @dataclass
 class Worker:
     role: str
@@ -247,9 +254,7 @@ def run(
             report.divergences += invariants.no_lost_claim_acknowledged(conn)
             report.divergences += invariants.nothing_stuck(conn)
             report.divergences += [
-                f"worker error: {line}"
-                for line in report.worker_errors
-                if line.split(": ")[1] not in EXPECTED_ERRORS
+                f"worker error: {line}" for line in report.worker_errors if not _expected(line)
             ]
             for secret, what in ((API_KEY, "the TMDb key"), (WRONG_KEY, "a rejected key")):
                 report.divergences += [

@@ -150,7 +150,8 @@ def main(argv: list[str]) -> int:
                     if not step(conn):
                         time.sleep(IDLE_SECONDS)
         except Exception as exc:  # a crashed loop restarts, as under a supervisor
-            print(f"{role}: {type(exc).__name__}: {str(exc).splitlines()[:1]}", file=sys.stderr)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            print(f"{role}: {type(exc).__name__}: {first}", file=sys.stderr)
             time.sleep(IDLE_SECONDS)
 
 

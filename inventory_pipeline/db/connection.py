@@ -89,7 +89,8 @@ def translate_errors() -> Iterator[None]:
     except errors.LockNotAvailable as exc:
         raise LockNotAvailable(str(exc).strip()) from exc
     except (psycopg.OperationalError, errors.IdleInTransactionSessionTimeout) as exc:
-        # The session is gone (the server ended it): nothing more can be done on it.
+        # Unreachable, or the server ended an idle-in-transaction session (25P03):
+        # either way this session is gone.
         raise DatabaseUnavailable(str(exc).strip()) from exc
     except psycopg.Error as exc:
         raise DatabaseError(str(exc).strip()) from exc
