@@ -61,9 +61,11 @@ def slow_generate(frame: pd.DataFrame) -> dict[str, Any]:
 
 
 def refresher(conn: Connection) -> bool:
-    batch = profiles.claim(conn, PROFILE_POLICY, limit=3)
+    """One step of a refresh run: claim one request as its work begins, process it."""
+    batch = profiles.claim(conn, PROFILE_POLICY)
     declare(conn, batch.lease_token)
-    profiles.process_batch(conn, batch.lease_token, PROFILE_POLICY, slow_generate)
+    for claim in batch.claims:
+        profiles.process(conn, claim, PROFILE_POLICY, slow_generate)
     return bool(batch.claims)
 
 
