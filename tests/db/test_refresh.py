@@ -453,3 +453,34 @@ def test_request_ahead_of_the_revision_fails_alone(conn: Connection) -> None:
     assert (req["status"], req["attempts"]) == ("failed", 1)
     assert f.state(conn, bogus)["acknowledged_revision"] == 0
     assert f.profile(conn, bogus) is None
+
+
+def test_runs_and_backfills_hold_a_lease_only_on_work_begun(conn: Connection, db_url: str) -> None:
+    """While one library is generated, the others of the same run or backfill are not
+    leased: a slow library cannot make the rest wait out their leases."""
+    srv = f.server(conn)
+    libs = [f.library(conn, srv, name=str(i)) for i in range(4)]
+    for lib in libs:
+        f.items(conn, lib, 6)
+    leased: list[int] = []
+
+    def watching(frame: pd.DataFrame) -> dict[str, Any]:
+        with connect(db_url) as other:
+            row = fetch_one(
+                other, "SELECT count(*) AS n FROM profile_refresh_requests WHERE status = 'running'"
+            )
+        assert row is not None
+        leased.append(int(row["n"]))
+        return generate_profile(frame)
+
+    service.plan(conn, POLICY)
+    assert [c.outcome for c in service.refresh(conn, POLICY, generate=watching)] == [
+        "published"
+    ] * 4
+    assert leased == [1, 1, 1, 1]
+    for lib in libs:
+        f.items(conn, lib, 1)
+    leased.clear()
+    results = service.backfill(conn, libs, POLICY, generate=watching)
+    assert [r.status for r in results] == ["refreshed"] * 4
+    assert leased == [1, 1, 1, 1]
