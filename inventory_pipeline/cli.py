@@ -37,7 +37,7 @@ from inventory_pipeline.provider import admission
 from inventory_pipeline.provider.standin import StandIn
 from inventory_pipeline.provider.tmdb import TmdbClient
 from inventory_pipeline.recovery import service as recovery
-from inventory_pipeline.recovery.models import ProviderSettings
+from inventory_pipeline.recovery.models import ObservationResult, ProviderSettings
 from inventory_pipeline.recovery.policy import RetryPolicy
 from inventory_pipeline.settings import (
     DAGSTER_STORAGE_URL,
@@ -239,6 +239,13 @@ def _status(settings: Settings) -> int:
     return 0
 
 
+def _print_notice(result: ObservationResult) -> None:
+    notice = recovery.notice(result)
+    if notice is not None:
+        level, message = notice
+        print(f"{PROG}: {level}: {message}", file=sys.stderr if level == "warning" else sys.stdout)
+
+
 def _observe(args: argparse.Namespace, settings: Settings) -> int:
     with provision(settings) as deployment:
         with connect(deployment.app_url) as conn:
@@ -250,9 +257,8 @@ def _observe(args: argparse.Namespace, settings: Settings) -> int:
                 RetryPolicy(),
                 max_items=args.limit,
                 workers=settings.observation_workers,
+                on_result=_print_notice,  # as each completion commits
             )
-    for level, message in recovery.notices(summary.results):
-        print(f"{PROG}: {level}: {message}", file=sys.stderr if level == "warning" else sys.stdout)
     print(f"observed {summary.observed} of {len(summary.results)}: {summary.by_category or '-'}")
     return 0
 

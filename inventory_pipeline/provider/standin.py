@@ -275,7 +275,6 @@ class _Handler(BaseHTTPRequestHandler):
             return False
         return True
 
-
     def _drip_headers(self, payload: bytes, delay: float) -> None:
         """Every read of the client gets a byte, so only a deadline over the whole
         request (not a per-read timeout) ends the wait."""
