@@ -201,6 +201,7 @@ def _status(settings: Settings) -> int:
     with provision(settings) as deployment, connect(deployment.app_url) as conn:
         overview = service.queue_overview(conn)
         due = recovery.due_items(conn)
+        paused = recovery.admission_paused_seconds(conn)
         cases = recovery.case_overview(conn)
         key = recovery.provider_settings(conn)
         wakeup = credentials.status(conn)
@@ -214,6 +215,8 @@ def _status(settings: Settings) -> int:
     print(f"oldest dirty since   {oldest.isoformat() if oldest else '-'}")
     print(f"TMDb key             {'active' if key.usable_key else 'missing or inactive'}")
     print(f"items due to observe {due}")
+    if paused > 0:
+        print(f"TMDb admission       paused {paused:.0f} s more (TMDb throttled)")
     print(f"open recovery cases  {sum(cases.values())} {cases or ''}".rstrip())
     if wakeup is not None:
         state = "verified" if wakeup.verified else (wakeup.last_outcome or "unverified")
