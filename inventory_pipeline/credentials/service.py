@@ -10,6 +10,7 @@ successful observation resolves a case.
 
 from __future__ import annotations
 
+import math
 import random
 from uuid import uuid4
 
@@ -26,6 +27,7 @@ from inventory_pipeline.provider import admission
 from inventory_pipeline.provider.models import Failure
 from inventory_pipeline.provider.parsing import is_configuration
 from inventory_pipeline.provider.tmdb import TmdbClient, classify
+from inventory_pipeline.recovery.policy import equal_jitter
 
 PROBE_LEASE_SECONDS = 60
 PROBE_DEADLINE_SECONDS = 5.0
@@ -51,9 +53,10 @@ def status(conn: Connection) -> WakeupStatus | None:
 
 
 def backoff_seconds(failures: int, rng: random.Random | None = None) -> int:
-    """Jittered backoff between 15 minutes and six hours, doubling per failed probe."""
-    ceiling = min(BACKOFF_MAX_SECONDS, BACKOFF_MIN_SECONDS * 2 ** max(failures, 0))
-    return int((rng or random).uniform(BACKOFF_MIN_SECONDS, max(ceiling, BACKOFF_MIN_SECONDS)))
+    """Backoff after a failed probe, `failures` being the earlier failures of this
+    generation: equal jitter between 15 minutes and six hours, the window doubling per
+    failure, never under 15 minutes or over six hours."""
+    return equal_jitter(BACKOFF_MIN_SECONDS, BACKOFF_MAX_SECONDS, failures + 1, rng)
 
 
 def claim_probe(conn: Connection, lease_seconds: int = PROBE_LEASE_SECONDS) -> ProbeClaim | None:
@@ -81,8 +84,13 @@ def probe(
     conn: Connection, claim: ProbeClaim, client: TmdbClient
 ) -> tuple[ProbeOutcome, int | None]:
     """Check the key against the fixed configuration endpoint, outside any transaction.
-    Provider text is discarded: only an outcome and a bounded Retry-After remain."""
-    admission.acquire(conn)
+    Provider text is discarded: only an outcome and a bounded Retry-After remain. A
+    throttling answer pauses admission for every process; when admission is already
+    paused the probe is not sent and waits out the pause as if throttled itself."""
+    try:
+        admission.acquire(conn)
+    except admission.AdmissionPaused as paused:
+        return "throttled", math.ceil(paused.seconds)
     answer = client.get(
         PROBE_PATH,
         claim.api_key,
@@ -94,7 +102,10 @@ def probe(
     status_code, raw, retry_after = answer
     if status_code == 200:
         return ("verified" if is_configuration(raw) else "invalid_response"), None
-    return _outcome(classify(status_code, raw, retry_after)), retry_after
+    outcome = _outcome(classify(status_code, raw, retry_after))
+    if outcome == "throttled":
+        admission.pause(conn, retry_after)
+    return outcome, retry_after
 
 
 def _outcome(failure: Failure) -> ProbeOutcome:
@@ -129,7 +140,11 @@ def complete_probe(
 def verify(
     conn: Connection, client: TmdbClient, lease_seconds: int = PROBE_LEASE_SECONDS
 ) -> ProbeResult | None:
-    """Claim, probe and complete once; None when no probe is due."""
+    """Claim, probe and complete once; None when no probe is due. Nothing is claimed
+    while the provider's throttling pauses admission: the probe waits without earning a
+    backoff."""
+    if admission.paused_seconds(conn) > 0:
+        return None
     claim = claim_probe(conn, lease_seconds)
     if claim is None:
         return None

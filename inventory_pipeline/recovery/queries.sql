@@ -152,6 +152,18 @@ SELECT item.id, item.recovery_case_id AS case_id, item.recovery_attempts AS atte
        before.recovery_category AS previous_category
 FROM item, before;
 
+-- name: release_claim
+-- A claim whose request was never sent (admission paused or refused) goes back as it
+-- came: lease cleared, no attempt counted, no case touched, due time unchanged, so the
+-- item is first in line when admission resumes. Only the current lease token matches.
+UPDATE media_server_items
+SET observation_lease_token = NULL,
+    observation_lease_expires_at = NULL
+WHERE id = %(item_id)s
+  AND observation_lease_token = %(lease_token)s
+  AND source_generation = %(source_generation)s
+RETURNING id;
+
 -- name: overdue_cases
 -- Open cases past their deadline by more than the grace with no live attempt: the
 -- observer is not keeping up (or not running).
