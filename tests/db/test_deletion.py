@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,7 @@ import pytest
 
 from inventory_pipeline.credentials import service as credentials
 from inventory_pipeline.db import Connection, connect, execute, fetch_all, fetch_one, transaction
+from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
 from inventory_pipeline.profiles import repository as profile_queries
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.profiles.models import RefreshPolicy
@@ -53,6 +55,34 @@ GATES = {
     "capture": "AFTER UPDATE ON media_server_items FOR EACH STATEMENT",
     "state_update": "BEFORE UPDATE ON library_inventory_state FOR EACH ROW",
 }
+
+
+@pytest.fixture(scope="module")
+def shared_url(server_url: str, template_name: str) -> Iterator[str]:
+    """One database with the gates for the whole module (a clone per test costs more than
+    the test); each test starts from no servers and a fresh credential wakeup row."""
+    name = f"inventory_deletion_{uuid.uuid4().hex[:12]}"
+    with connect(server_url) as admin:
+        create_database(admin, name, template=template_name)
+    url = url_with_database(server_url, name)
+    with connect(url) as conn:
+        install_gates(conn)
+    yield url
+    with connect(server_url) as admin:
+        drop_database(admin, name)
+
+
+@pytest.fixture
+def db_url(shared_url: str) -> Iterator[str]:
+    yield shared_url
+    with connect(shared_url) as conn, transaction(conn):
+        execute(conn, "DELETE FROM media_servers")  # cascades to every library's rows
+        execute(conn, "DELETE FROM provider_observations")
+        execute(conn, "UPDATE provider_settings SET api_key = NULL, active = false")
+        execute(conn, "DELETE FROM credential_wakeups")
+        execute(
+            conn, "INSERT INTO credential_wakeups (provider) SELECT provider FROM provider_settings"
+        )
 
 
 def install_gates(conn: Connection) -> None:
@@ -208,7 +238,8 @@ class Scenario:
 
     `check(conn, world, result, contested)`: every library outside `contested` got its
     ordinary outcome; a contested one (being deleted while the statement ran) got the
-    ordinary outcome or none at all.
+    ordinary outcome or none at all. `touched(conn, world, result)`, for a background
+    statement that skips what it cannot lock: the libraries it acted on.
     """
 
     name: str
@@ -216,6 +247,7 @@ class Scenario:
     run: Callable[[Connection, World], Any]
     check: Callable[[Connection, World, Any, set[int]], None]
     gates: tuple[str, ...]
+    touched: Callable[[Connection, World, Any], set[int]] | None = None
 
 
 def stocked(conn: Connection, world: World) -> None:
@@ -249,12 +281,17 @@ def check_planned(conn: Connection, world: World, planned: Any, contested: set[i
 # native planner
 
 
+def planned_libraries(conn: Connection, world: World, planned: Any) -> set[int]:
+    return set(planned)
+
+
 def native_setup(conn: Connection, world: World) -> None:
     stocked(conn, world)
     for library in world.libraries:
         execute(
             conn,
-            "INSERT INTO library_policies (library_id, enabled, intent) VALUES (%s, true, 'active')",
+            "INSERT INTO library_policies (library_id, enabled, intent)"
+            " VALUES (%s, true, 'active')",
             (library,),
         )
 
@@ -358,6 +395,10 @@ def check_observation_claim(
         assert set(world.data["items"][library]) <= claimed_items
 
 
+def claimed_libraries(conn: Connection, world: World, claimed_items: Any) -> set[int]:
+    return {lib for lib, items in world.data["items"].items() if set(items) & claimed_items}
+
+
 def observation_claimed(conn: Connection, world: World) -> None:
     tmdb_stocked(conn, world)
     claims = recovery.claim(conn, 100)
@@ -382,9 +423,7 @@ def observed(claim: ItemClaim) -> Observation:
 
 def by_library(world: World, outcomes: dict[int, str]) -> dict[int, set[str]]:
     """The outcomes of each library's items (a deletion can come between two of them)."""
-    return {
-        library: {outcomes[i] for i in items} for library, items in world.data["items"].items()
-    }
+    return {library: {outcomes[i] for i in items} for library, items in world.data["items"].items()}
 
 
 def run_observation_complete(conn: Connection, world: World) -> dict[int, str]:
@@ -435,9 +474,25 @@ def check_released(conn: Connection, world: World, released: Any, contested: set
         assert len(rows) == 2 and all(r["g"] is not None for r in rows)
 
 
+def released_libraries(conn: Connection, world: World, released: Any) -> set[int]:
+    rows = fetch_all(
+        conn,
+        "SELECT DISTINCT library_id FROM media_server_items"
+        " WHERE recovery_wakeup_generation IS NOT NULL",
+    )
+    return {r["library_id"] for r in rows}
+
+
 SCENARIOS = [
-    Scenario("plan", stocked, run_plan, check_planned, ("request_insert",)),
-    Scenario("plan_native", native_setup, run_native, check_planned, ("request_insert",)),
+    Scenario("plan", stocked, run_plan, check_planned, ("request_insert",), planned_libraries),
+    Scenario(
+        "plan_native",
+        native_setup,
+        run_native,
+        check_planned,
+        ("request_insert",),
+        planned_libraries,
+    ),
     Scenario("backfill", stocked, run_backfill_enqueue, check_backfill, ("request_insert",)),
     Scenario(
         "complete",
@@ -461,6 +516,7 @@ SCENARIOS = [
         run_observation_claim,
         check_observation_claim,
         ("item_update",),
+        claimed_libraries,
     ),
     Scenario(
         "observation_complete",
@@ -476,7 +532,14 @@ SCENARIOS = [
         check_outcomes("failed"),
         ("item_update",),
     ),
-    Scenario("release", auth_cases_verified, run_release, check_released, ("item_update",)),
+    Scenario(
+        "release",
+        auth_cases_verified,
+        run_release,
+        check_released,
+        ("item_update",),
+        released_libraries,
+    ),
 ]
 
 
@@ -521,7 +584,19 @@ def test_pipeline_at_every_point_of_a_deletion(
 ) -> None:
     if point == "libraries" and target == "library":
         pytest.skip("a library deletion does not cascade from libraries")
-    install_gates(conn)
+    pipeline_during_deletion(conn, control, sessions, scenario, point, target)
+
+
+def pipeline_during_deletion(
+    conn: Connection,
+    control: Control,
+    sessions: Callable[[str | None], Session],
+    scenario: Scenario,
+    point: str,
+    target: str,
+) -> None:
+    """Pause the deletion at `point`, run the pipeline statement until it finishes or
+    waits, let the deletion go on; both must succeed."""
     world = make_world(conn)
     scenario.setup(conn, world)
     doomed = world.doomed(target)
@@ -560,6 +635,9 @@ def test_pipeline_at_every_point_of_a_deletion(
             assert point == "rolled back"
             doomed = set()
     scenario.check(conn, world, result, world.doomed(target))
+    if scenario.touched is not None and point not in ("libraries", "committed"):
+        # The deletion held the libraries before the statement began: skipped.
+        assert not scenario.touched(conn, world, result) & world.doomed(target)
     assert_gone(conn, doomed)
     for library in doomed:
         assert fetch_one(conn, "SELECT 1 FROM libraries WHERE id = %s", (library,)) is None
@@ -579,7 +657,19 @@ def test_deletion_at_every_point_of_the_pipeline(
     point: str,
     target: str,
 ) -> None:
-    install_gates(conn)
+    deletion_during_pipeline(conn, control, sessions, scenario, point, target)
+
+
+def deletion_during_pipeline(
+    conn: Connection,
+    control: Control,
+    sessions: Callable[[str | None], Session],
+    scenario: Scenario,
+    point: str,
+    target: str,
+) -> None:
+    """Pause the pipeline statement at `point`, run the deletion until it finishes or
+    waits, let the pipeline go on; both must succeed."""
     world = make_world(conn)
     scenario.setup(conn, world)
     deleter = sessions(None)
@@ -600,3 +690,116 @@ def test_deletion_at_every_point_of_the_pipeline(
         deleter.join()
     scenario.check(conn, world, result, world.doomed(target))
     assert_gone(conn, world.doomed(target))
+
+
+# --- the rules the statements rely on, and the waits they must not make -------------
+
+
+@pytest.mark.parametrize("library_first", [True, False])
+def test_locking_clauses_lock_each_row_in_the_order_they_are_written(
+    conn: Connection,
+    control: Control,
+    sessions: Callable[[str | None], Session],
+    library_first: bool,
+) -> None:
+    """Per joined row, PostgreSQL locks the tables in the order of the locking clauses
+    (not the order of the FROM list): `FOR KEY SHARE OF l FOR UPDATE OF s` holds the
+    library while it waits for the state row."""
+    world = make_world(conn)
+    clauses = ["FOR KEY SHARE OF l", "FOR UPDATE OF s"]
+    if not library_first:
+        clauses.reverse()
+    holder, locker, probe = sessions(None), sessions(None), sessions(None)
+    with transaction(holder.conn):
+        execute(
+            holder.conn,
+            "SELECT 1 FROM library_inventory_state WHERE library_id = %s FOR UPDATE",
+            (world.library,),
+        )
+
+        def lock(c: Connection) -> None:
+            with transaction(c):
+                execute(
+                    c,
+                    "SELECT 1 FROM library_inventory_state s JOIN libraries l"
+                    f" ON l.id = s.library_id WHERE s.library_id = %s {' '.join(clauses)}",
+                    (world.library,),
+                )
+
+        locker.start(lock)
+        assert control.settle(locker) == "blocked"  # on the state row
+        held = fetch_all(
+            probe.conn,
+            "SELECT id FROM libraries WHERE id = %s FOR UPDATE SKIP LOCKED",
+            (world.library,),
+        )
+        assert (held == []) == library_first
+    locker.join()
+
+
+def test_a_backfill_never_waits_while_holding_a_library(
+    conn: Connection, control: Control, sessions: Callable[[str | None], Session]
+) -> None:
+    """A deletion of several libraries in one statement locks them in heap order, not id
+    order; an analyst's backfill of the same libraries must not wait for one while it
+    holds another."""
+    world = make_world(conn)
+    stocked(conn, world)
+    # Move the lower id's row version behind the higher one: a sequential scan then
+    # deletes `sibling` before `library`.
+    execute(conn, "UPDATE libraries SET name = name || '.' WHERE id = %s", (world.library,))
+    heap = fetch_all(
+        conn, "SELECT id FROM libraries WHERE server_id = %s ORDER BY ctid", (world.server,)
+    )
+    assert [r["id"] for r in heap] == [world.sibling, world.library]
+    writer, backfiller, deleter = sessions(None), sessions(None), sessions(None)
+    execute(deleter.conn, "SET enable_indexscan = off")
+    execute(deleter.conn, "SET enable_bitmapscan = off")
+    with transaction(writer.conn):
+        execute(
+            writer.conn,  # change capture holds the library's state row until commit
+            "UPDATE media_server_items SET rating = 1 WHERE library_id = %s",
+            (world.library,),
+        )
+        backfiller.start(lambda c: run_backfill_enqueue(c, world))
+        assert control.settle(backfiller) == "blocked"
+        deleter.start(
+            lambda c: execute(
+                c,
+                "DELETE FROM libraries WHERE id IN (%s, %s)",
+                (world.library, world.sibling),
+            )
+        )
+        assert control.settle(deleter) == "blocked"
+    locked, requested = backfiller.join()
+    deleter.join()
+    assert locked == requested == {world.other}
+    assert_gone(conn, {world.library, world.sibling})
+
+
+@pytest.mark.parametrize("deletion", ["commits", "rolls back"])
+def test_a_backfill_waits_for_a_deletion_in_flight(
+    conn: Connection,
+    control: Control,
+    sessions: Callable[[str | None], Session],
+    deletion: str,
+) -> None:
+    """The analyst asked for the library: the backfill waits for the deletion, then
+    reports the library gone (or refreshes it), and refreshes the others either way."""
+    world = make_world(conn)
+    stocked(conn, world)
+    deleter, backfiller = sessions(None), sessions(None)
+    deleter.conn.execute("BEGIN")
+    delete(deleter.conn, world, "library")
+    backfiller.start(
+        lambda c: profiles.backfill(c, [world.library, world.other], POLICY, wait_seconds=30)
+    )
+    assert control.settle(backfiller) == "blocked"
+    deleter.conn.execute("COMMIT" if deletion == "commits" else "ROLLBACK")
+    results = {r.library_id: r for r in backfiller.join()}
+    assert results[world.other].status == "refreshed"
+    if deletion == "commits":
+        assert results[world.library].status == "failed"
+        assert_gone(conn, {world.library})
+    else:
+        assert results[world.library].status == "refreshed"
