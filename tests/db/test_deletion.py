@@ -698,12 +698,17 @@ def deletion_during_pipeline(
 # --- the rules the statements rely on, and the waits they must not make -------------
 
 
+@pytest.mark.parametrize(
+    "tables",
+    ["library_inventory_state s JOIN libraries l", "libraries l JOIN library_inventory_state s"],
+)
 @pytest.mark.parametrize("library_first", [True, False])
 def test_locking_clauses_lock_each_row_in_the_order_they_are_written(
     conn: Connection,
     control: Control,
     sessions: Callable[[str | None], Session],
     library_first: bool,
+    tables: str,
 ) -> None:
     """Per joined row, PostgreSQL locks the tables in the order of the locking clauses
     (not the order of the FROM list): `FOR KEY SHARE OF l FOR UPDATE OF s` holds the
@@ -724,8 +729,8 @@ def test_locking_clauses_lock_each_row_in_the_order_they_are_written(
             with transaction(c):
                 execute(
                     c,
-                    "SELECT 1 FROM library_inventory_state s JOIN libraries l"
-                    f" ON l.id = s.library_id WHERE s.library_id = %s {' '.join(clauses)}",
+                    f"SELECT 1 FROM {tables} ON l.id = s.library_id"
+                    f" WHERE s.library_id = %s {' '.join(clauses)}",
                     (world.library,),
                 )
 
