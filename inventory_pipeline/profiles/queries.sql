@@ -6,7 +6,8 @@
 -- takes. Taking it before anything else of the library means a statement either holds
 -- the library (the deletion waits for it) or never touches the library's rows (a
 -- background statement skips it, a waiting one finds it gone). It does not block
--- ordinary updates of a library (name, active).
+-- ordinary updates of a library (name, active). Statements that touch only request rows
+-- (expire_leases, fail_claim, claim_requests) never wait while holding another lock.
 
 -- name: expire_leases
 -- A running request whose lease ran out goes back to pending (or fails for good on its
