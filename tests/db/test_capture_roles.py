@@ -301,7 +301,7 @@ def test_library_writer(conn: Connection, db_url: str, libs: list[int]) -> None:
     assert f.revision(conn, b) == 1
 
 
-# Every trigger function that writes to these tables fire.
+# The tables other programs write: every trigger function they fire is checked.
 WRITER_TABLES = ("media_server_items", "libraries")
 
 
