@@ -100,6 +100,11 @@ def _parser() -> argparse.ArgumentParser:
     refresh.add_argument("--limit", type=_count, default=100, help="claims to process")
     observe = sub.add_parser("observe", help="observe due items against TMDb once")
     observe.add_argument("--limit", type=_count, default=500, help="items to observe")
+    sub.add_parser(
+        "mark-dirty",
+        help="mark every library dirty (after a restore or replication apply that ran"
+        " without triggers)",
+    )
     key = sub.add_parser("tmdb-key", help="save the TMDb API key, read from standard input")
     key.add_argument("--language", type=_language, help="TMDb language, e.g. en-US")
     key.add_argument("--inactive", action="store_true", help="save it but keep it inactive")
@@ -282,6 +287,13 @@ def _tmdb_key(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _mark_dirty(settings: Settings) -> int:
+    with provision(settings) as deployment, connect(deployment.app_url) as conn:
+        marked = service.mark_all_dirty(conn)
+    print(f"{PROG}: {marked} libraries marked dirty; the planner queues their refresh")
+    return 0
+
+
 def _refresh(args: argparse.Namespace, settings: Settings) -> int:
     with provision(settings) as deployment, connect(deployment.app_url) as conn:
         plan = service.plan(conn, settings.policy)
@@ -309,6 +321,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _observe(args, settings)
         if args.command == "tmdb-key":
             return _tmdb_key(args, settings)
+        if args.command == "mark-dirty":
+            return _mark_dirty(settings)
         return _refresh(args, settings)
     except (SettingsError, DatabaseError, CliError) as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

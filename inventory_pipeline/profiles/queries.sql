@@ -381,3 +381,26 @@ SELECT
     (SELECT count(*) FROM profile_refresh_requests WHERE status = 'failed') AS failed,
     (SELECT min(dirty_since) FROM library_inventory_state
       WHERE revision > acknowledged_revision) AS oldest_dirty_since;
+
+-- name: mark_libraries_dirty
+-- After writes that skipped capture (a restore or replication apply with
+-- session_replication_role = replica), advance the next batch of libraries after a
+-- library id, in library-id order like capture. A library without a state row (created
+-- while triggers were off) gets one; a revision never falls below a stored profile's,
+-- whose publication guard would otherwise keep that profile forever. The libraries are
+-- locked (key share) before their state rows, the order a library deletion takes.
+INSERT INTO library_inventory_state AS s (library_id, revision, dirty_since, changed_at)
+SELECT l.id,
+       COALESCE((SELECT p.inventory_revision FROM library_profiles p WHERE p.library_id = l.id), 0) + 1,
+       now(),
+       now()
+FROM libraries l
+WHERE l.id > %(after_library_id)s
+ORDER BY l.id
+LIMIT %(limit)s
+FOR KEY SHARE OF l
+ON CONFLICT (library_id) DO UPDATE
+SET revision = GREATEST(s.revision + 1, EXCLUDED.revision),
+    changed_at = now(),
+    dirty_since = COALESCE(s.dirty_since, now())
+RETURNING s.library_id;

@@ -261,3 +261,12 @@ def queue_overview(conn: Connection) -> QueueOverview:
     row = fetch_one(conn, QUERIES["queue_overview"])
     assert row is not None
     return QueueOverview(**row)
+
+
+def mark_libraries_dirty(conn: Connection, after_library_id: int, limit: int) -> list[int]:
+    rows = fetch_all(
+        conn,
+        QUERIES["mark_libraries_dirty"],
+        {"after_library_id": after_library_id, "limit": limit},
+    )
+    return [int(r["library_id"]) for r in rows]

@@ -326,3 +326,22 @@ def profile_status(conn: Connection, library_ids: Sequence[int]) -> list[Profile
 
 def queue_overview(conn: Connection) -> QueueOverview:
     return repository.queue_overview(conn)
+
+
+def mark_all_dirty(conn: Connection, batch: int = 1000) -> int:
+    """Advance every library's revision once, so the planner refreshes them all.
+
+    For writes that skipped capture: a restore or replication apply that ran with
+    `session_replication_role = replica` fires no trigger. Libraries go in library-id
+    order (the lock order of capture) in batches of `batch`, each its own statement and
+    transaction, so no transaction ever locks more than one batch. Returns how many
+    libraries were marked.
+    """
+    marked = 0
+    after = -(2**63)  # below every bigint id
+    while True:
+        ids = repository.mark_libraries_dirty(conn, after, batch)
+        marked += len(ids)
+        if len(ids) < batch:
+            return marked
+        after = max(ids)
