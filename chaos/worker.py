@@ -17,7 +17,14 @@ from uuid import UUID
 
 import pandas as pd
 
-from chaos.config import LEASE_SECONDS, PROFILE_POLICY, RETRY_POLICY
+from chaos.config import (
+    LEASE_SECONDS,
+    PROFILE_POLICY,
+    RETRY_POLICY,
+    WAKEUP_BACKOFF_SECONDS,
+    WAKEUP_RELEASE_LIMIT,
+    WAKEUP_SPACING_SECONDS,
+)
 from inventory_pipeline.credentials import service as credentials
 from inventory_pipeline.db import Connection, connect, execute
 from inventory_pipeline.profiles import service as profiles
@@ -61,6 +68,8 @@ def slow_generate(frame: pd.DataFrame) -> dict[str, Any]:
 
 
 def refresher(conn: Connection) -> bool:
+    """What one refresh run does, through the same service calls (kept in this one
+    place so it follows the run's own path when that changes)."""
     batch = profiles.claim(conn, PROFILE_POLICY, limit=3)
     declare(conn, batch.lease_token)
     profiles.process_batch(conn, batch.lease_token, PROFILE_POLICY, slow_generate)
@@ -85,12 +94,25 @@ def observer(provider_url: str) -> Step:
 
 
 def prober(provider_url: str) -> Step:
+    """The credential wakeup job's two steps with the harness's clocks: verify the
+    current generation (claim, probe, complete, declaring the probe lease's token), then
+    one release batch."""
     client = credentials.probe_client(provider_url)
 
     def step(conn: Connection) -> bool:
-        verified = credentials.verify(conn, client, lease_seconds=LEASE_SECONDS)
-        released = credentials.release(conn)
-        return verified is not None or bool(released and released.released)
+        claim = credentials.claim_probe(conn, lease_seconds=LEASE_SECONDS)
+        if claim is not None:
+            outcome, retry_after = credentials.probe(conn, claim, client)
+            if random.random() < 0.05:
+                stall()  # the probe lease runs out: the completion must not verify
+            declare(conn, claim.lease_token)
+            credentials.complete_probe(
+                conn, claim, outcome, retry_after, backoff=WAKEUP_BACKOFF_SECONDS
+            )
+        released = credentials.release(
+            conn, limit=WAKEUP_RELEASE_LIMIT, spacing_seconds=WAKEUP_SPACING_SECONDS
+        )
+        return claim is not None or bool(released and released.released)
 
     return step
 
@@ -140,18 +162,32 @@ def role_step(role: str, provider_url: str) -> Step:
 ROLES = ("planner", "refresher", "observer", "prober", "stats", "maintainer")
 
 
+def error_line(role: str, exc: BaseException) -> str:
+    """`role: Type [SQLSTATE]: first line of the message` (no brackets without a code):
+    the harness judges by type and SQLSTATE, people read the message."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    sqlstate = getattr(exc, "sqlstate", None)
+    code = f" [{sqlstate}]" if sqlstate else ""
+    return f"{role}: {type(exc).__name__}{code}: {first}"
+
+
+def application_name(role: str, pid: int) -> str:
+    """The session name the audit records as the actor and the harness terminates by:
+    the role and the worker's process id."""
+    return f"chaos.{role}.{pid}"
+
+
 def main(argv: list[str]) -> int:
     role, db_url, provider_url = argv
     step = role_step(role, provider_url)
     while True:
         try:
-            with connect(db_url) as conn:
+            with connect(db_url, application_name=application_name(role, os.getpid())) as conn:
                 while True:
                     if not step(conn):
                         time.sleep(IDLE_SECONDS)
         except Exception as exc:  # a crashed loop restarts, as under a supervisor
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            print(f"{role}: {type(exc).__name__}: {first}", file=sys.stderr)
+            print(error_line(role, exc), file=sys.stderr, flush=True)
             time.sleep(IDLE_SECONDS)
 
 

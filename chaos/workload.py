@@ -15,8 +15,22 @@ from dataclasses import dataclass, field
 from datetime import date, timedelta
 from typing import Any
 
-from chaos.config import API_KEY, WRONG_KEY
-from inventory_pipeline.db import Connection, DatabaseError, execute, fetch_all, fetch_one, jsonb
+from chaos.config import (
+    API_KEY,
+    AUTH_BACKLOG_CASES,
+    EXPECTED_SQLSTATE_CLASSES,
+    EXPECTED_SQLSTATES,
+    WRONG_KEY,
+)
+from inventory_pipeline.db import (
+    Connection,
+    DatabaseError,
+    DatabaseUnavailable,
+    execute,
+    fetch_all,
+    fetch_one,
+    jsonb,
+)
 from inventory_pipeline.provider.standin import StandIn
 from tests.factories import insert_items, item_values
 
@@ -33,18 +47,31 @@ FAULTS: tuple[tuple[str, dict[str, Any]], ...] = (
 )
 
 
+def refusal_expected(exc: DatabaseError) -> bool:
+    """A write the database may refuse under chaos (a lock or statement timeout, a
+    connection lost to a restart or termination); anything else is a divergence."""
+    code = exc.sqlstate
+    if code is None:
+        return isinstance(exc, DatabaseUnavailable)
+    return code in EXPECTED_SQLSTATES or code.startswith(EXPECTED_SQLSTATE_CLASSES)
+
+
 @dataclass
 class Workload:
-    """Applies operations drawn from `rng` through `conn` (autocommit)."""
+    """Applies operations drawn from `rng` through `conn` (autocommit). `reconnect`,
+    when given, replaces a connection the server dropped (a restart)."""
 
     conn: Connection
     standin: StandIn
     rng: random.Random
     today: date
+    reconnect: Callable[[], Connection] | None = None
     users: list[uuid.UUID] = field(default_factory=list)
     sessions: dict[uuid.UUID, list[uuid.UUID]] = field(default_factory=dict)
     done: Counter[str] = field(default_factory=Counter)
     refused: Counter[str] = field(default_factory=Counter)
+    # Refusals the chaos does not explain: "operation [SQLSTATE]: message".
+    unexpected: Counter[str] = field(default_factory=Counter)
 
     def setup(self, libraries: int = 6, items_per_library: int = 15, users: int = 4) -> None:
         """The starting system of record: servers, libraries, items, users' logs."""
@@ -81,6 +108,7 @@ class Workload:
             )
             for _ in range(4):
                 self.save_session(user)
+        self.auth_backlog()
 
     # -- inventory ---------------------------------------------------------------------
 
@@ -147,6 +175,34 @@ class Workload:
                 "UPDATE media_server_items SET provider_kind = %s, provider_id = %s WHERE id = %s",
                 (self.rng.choice(("movie", "tv")), str(self.rng.randint(1, 400)), item_id),
             )
+
+    def auth_backlog(self, cases: int = AUTH_BACKLOG_CASES) -> None:
+        """More authentication cases than one release batch, cooling down for a day, as
+        a rejected key leaves them: only a verified key's wakeup releases them early."""
+        server = self._server(f"auth-server-{len(self._library_ids())}")
+        row = fetch_one(
+            self.conn,
+            "INSERT INTO libraries (server_id, name, media_kind) VALUES (%s, 'Auth', 'movie')"
+            " RETURNING id",
+            (server,),
+        )
+        assert row is not None
+        rows = item_values(self.rng, cases)
+        for item in rows:
+            item["provider_kind"] = "movie"
+            item["provider_id"] = str(self.rng.randint(1, 400))
+        ids = insert_items(self.conn, int(row["id"]), rows)
+        execute(
+            self.conn,
+            "UPDATE media_server_items SET recovery_case_id = gen_random_uuid(),"
+            " recovery_provider = provider, recovery_provider_kind = provider_kind,"
+            " recovery_provider_id = provider_id, recovery_category = 'auth',"
+            " recovery_attempts = 2, recovery_first_failed_at = now() - interval '1 hour',"
+            " recovery_last_failed_at = now() - interval '1 hour',"
+            " observation_due_at = now() + interval '1 day',"
+            " last_attempt_at = now() - interval '1 hour' WHERE id = ANY(%s)",
+            (ids,),
+        )
 
     def toggle_library(self) -> None:
         library_id = self.rng.choice(self._library_ids())
@@ -281,24 +337,41 @@ class Workload:
             ("edit_key", self.edit_key, 1),
             ("edit_language", self.edit_language, 1),
             ("edit_stats_settings", self.edit_stats_settings, 1),
+            ("auth_backlog", self.auth_backlog, 0.1),
         ]
 
     def step(self) -> str:
         """Draw and apply one operation. A write the database refuses (a lock timeout
         against a worker, say) is counted, never retried differently: the data stays as
-        the database left it."""
+        the database left it. A refusal the chaos does not explain is recorded apart."""
         ops = self.operations()
         name, apply, _ = self.rng.choices(ops, weights=[w for *_, w in ops])[0]
+        self.apply(name, apply)
+        return name
+
+    def apply(self, name: str, apply: Callable[[], None]) -> None:
+        if self.conn.closed and self.reconnect is not None:
+            try:
+                self.conn = self.reconnect()
+            except DatabaseUnavailable:
+                self.refused[name] += 1
+                return
         try:
             apply()
             self.done[name] += 1
-        except DatabaseError:
+        except DatabaseError as exc:
             self.refused[name] += 1
-        return name
+            if not refusal_expected(exc):
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                self.unexpected[f"{name} [{exc.sqlstate or '-'}]: {first}"] += 1
+            if isinstance(exc, DatabaseUnavailable) and self.reconnect is not None:
+                self.conn.close()
 
     def settle(self) -> None:
         """Before quiescence: faults off and the right key, so every case can resolve."""
         self.standin.clear_fault()
+        if self.conn.closed and self.reconnect is not None:
+            self.conn = self.reconnect()
         execute(
             self.conn,
             "UPDATE provider_settings SET api_key = %s, active = true WHERE provider = 'tmdb'",

@@ -1,8 +1,10 @@
-"""The convergence harness in CI (issue 8): one bounded seeded run with SIGKILLed and
-paused workers, and proof that its checks see a divergence when there is one.
+"""The convergence harness in CI: one bounded seeded run with SIGKILLed, paused and
+terminated workers, a server restart and the real Dagster daemon, on a private server
+of the version under test; and proof that its checks see a divergence when there is one
+(more in test_checks.py).
 
 INVENTORY_CHAOS_SECONDS lengthens the run (the long run is `python -m chaos --runs N`);
-INVENTORY_CHAOS_SEED picks another seed.
+INVENTORY_CHAOS_SEED picks another seed; INVENTORY_CHAOS_DAEMON=0 leaves the daemon out.
 """
 
 from __future__ import annotations
@@ -10,11 +12,15 @@ from __future__ import annotations
 import os
 import random
 import uuid
+from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
 
+import pytest
+
 from chaos import invariants
 from chaos.run import run
+from chaos.servers import Server, private_like
 from chaos.worker import declare
 from chaos.workload import Workload
 from inventory_pipeline.db import Connection, connect, execute, fetch_all, fetch_one
@@ -28,13 +34,30 @@ CI_SEED = 20261130
 CI_SECONDS = 40.0
 
 
-def test_bounded_chaos_run_converges(server_url: str) -> None:
+@pytest.fixture
+def chaos_server(server_url: str) -> Iterator[Server]:
+    """A server the harness may restart: a private one of the same major version (a
+    restart of the shared server would break whatever else uses it)."""
+    server = private_like(server_url) or Server(server_url, restartable=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_bounded_chaos_run_converges(chaos_server: Server) -> None:
     seed = int(os.environ.get("INVENTORY_CHAOS_SEED", CI_SEED))
     seconds = float(os.environ.get("INVENTORY_CHAOS_SECONDS", CI_SECONDS))
-    report = run(server_url, seed, seconds, log=lambda _: None)
+    daemon = os.environ.get("INVENTORY_CHAOS_DAEMON", "1") != "0"
+    report = run(chaos_server, seed, seconds, log=lambda _: None, daemon=daemon)
     print("\n".join(report.lines()))
     assert sum(report.kills.values()) > 0 and report.runs > len(report.kills)
+    assert sum(report.terminations.values()) > 0
+    assert report.restarts == (1 if chaos_server.restartable else 0)
     assert report.audit["profile_acks"] > 0 and report.audit["stats_publications"] > 0
+    assert report.audit["wakeup_batches"] >= 2 and report.audit["verifications"] > 0
+    if daemon:
+        assert report.audit["profile_acks_by_dagster"] > 0
     assert not report.divergences, "\n".join(report.lines())
 
 
