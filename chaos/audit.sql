@@ -12,7 +12,9 @@
 -- (chaos.completing_token). The product's statements bind the token in their guards
 -- but write it nowhere; the declaration is what tells a stale worker's write from the
 -- live claim's. Sessions that declare nothing (Dagster runs) leave it empty.
--- actor: the session's application_name (chaos.<role> for the harness's workers).
+-- actor: the session's application_name (chaos.<role>.<pid> for the harness's workers).
+-- The trigger functions run with the harness's rights (SECURITY DEFINER): a writer
+-- role with rights on the items table only must not be refused by the audit.
 
 CREATE SEQUENCE chaos_event_seq;
 
@@ -57,7 +59,8 @@ CREATE TABLE chaos_profile_lapses (
     completing_token text NOT NULL DEFAULT chaos_declared_token(),
     actor text NOT NULL DEFAULT current_setting('application_name')
 );
-CREATE FUNCTION chaos_profile_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION chaos_profile_audit() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
         IF NEW.status = 'succeeded' THEN
@@ -98,7 +101,8 @@ CREATE TABLE chaos_profile_writes (
     inventory_revision bigint NOT NULL,
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-CREATE FUNCTION chaos_profile_write_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION chaos_profile_write_audit() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
         INSERT INTO chaos_profile_writes (library_id, operation, inventory_revision)
@@ -118,7 +122,8 @@ CREATE TABLE chaos_regressions (
     detail text NOT NULL,
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-CREATE FUNCTION chaos_acknowledged_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION chaos_acknowledged_audit() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     IF NEW.acknowledged_revision < OLD.acknowledged_revision OR NEW.revision < OLD.revision THEN
         INSERT INTO chaos_regressions (what, detail) VALUES ('library revision went back',
@@ -130,7 +135,8 @@ END $$;
 CREATE TRIGGER chaos_acknowledged_audit AFTER UPDATE ON library_inventory_state
     FOR EACH ROW EXECUTE FUNCTION chaos_acknowledged_audit();
 
-CREATE FUNCTION chaos_applied_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION chaos_applied_audit() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     IF NEW.applied_version < OLD.applied_version OR NEW.requested_version < OLD.requested_version THEN
         INSERT INTO chaos_regressions (what, detail) VALUES ('stats version went back',
@@ -154,7 +160,8 @@ CREATE TABLE chaos_stats_publications (
     published_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     actor text NOT NULL DEFAULT current_setting('application_name')
 );
-CREATE FUNCTION chaos_publication_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION chaos_publication_audit() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     IF NEW.phase = 'published' AND OLD.phase IS DISTINCT FROM 'published' THEN
         INSERT INTO chaos_stats_publications (run_id, user_id, lease_token, lease_until)
@@ -193,7 +200,8 @@ CREATE TABLE chaos_wakeup_releases (
     xact_start timestamptz NOT NULL DEFAULT now(),
     released_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-CREATE FUNCTION chaos_item_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION chaos_item_audit() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     IF NEW.observation_lease_token IS NOT NULL
        AND NEW.observation_lease_token IS DISTINCT FROM OLD.observation_lease_token THEN
@@ -228,7 +236,8 @@ CREATE TABLE chaos_verifications (
     verified_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     actor text NOT NULL DEFAULT current_setting('application_name')
 );
-CREATE FUNCTION chaos_verification_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION chaos_verification_audit() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     IF NEW.verified_generation IS NOT NULL
        AND (NEW.verified_generation IS DISTINCT FROM OLD.verified_generation

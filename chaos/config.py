@@ -72,9 +72,12 @@ RESTART_AT = (0.6,)
 BACKLOG_AT = 0.25
 BACKLOG_LIBRARIES = 450
 BACKLOG_ITEMS = 3  # per library: enough for a profile, cheap to generate
-# A throttle storm: the stand-in answers 429 to everything for this many operations.
+# A throttle storm: the stand-in answers 429 to everything for this many operations,
+# once at this fraction of the run (and now and then as a drawn operation).
+STORM_AT = 0.45
 STORM_OPERATIONS = 40  # 5 s at 8 operations/s
 STORM_RETRY_AFTER = "2"
+STORM_ITEMS = 30  # a sync brings this many items due for observation as the storm starts
 
 # -- the Dagster path ------------------------------------------------------------------
 # The daemon's refresh runs use the product's settings from the environment: the
@@ -85,6 +88,10 @@ DAEMON_ENV = {
     "INVENTORY_CIRCUIT_PROBE_SECONDS": "2",
     "INVENTORY_NATIVE_MAX_AGE_SECONDS": str(10**7),
 }
+# Before the chaos begins, the daemon alone processes the setup's inventory until one of
+# its runs has acknowledged a request (measured 20-40 s from a cold start), so every
+# run has Dagster-path work; past this it goes on without (the checks will say why).
+DAEMON_FIRST_ACK_SECONDS = 90
 # Sensors whose product clocks (five-minute item leases, six-hour backoffs, one-minute
 # wakeup spacing) do not fit a run of seconds; the harness's own workers cover them.
 DAEMON_STOPPED_SENSORS = ("provider_observation_sensor", "credential_wakeup_sensor")
@@ -122,4 +129,6 @@ MAX_TERMINAL_FAILURES = 12
 # Requests to the stand-in while it answers 429 to everything, per storm: with a
 # fleet-wide pause this is what was already in flight plus one retry per worker per
 # Retry-After; without one it is the observers' whole batch.
-MAX_STORM_REQUESTS = 3 * (STORM_OPERATIONS // 8 // int(STORM_RETRY_AFTER) + 2)
+MAX_STORM_REQUESTS = (WORKERS["observer"] + WORKERS["prober"]) * (
+    STORM_OPERATIONS // OPS_PER_SECOND // int(STORM_RETRY_AFTER) + 3
+)

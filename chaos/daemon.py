@@ -12,11 +12,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
 from chaos.config import DAEMON_ENV, DAEMON_STOPPED_SENSORS
-from inventory_pipeline.db import DatabaseError, connect, fetch_all
+from inventory_pipeline.db import DatabaseError, connect, fetch_all, fetch_one
 from inventory_pipeline.db.connection import (
     create_database,
     database_name,
@@ -82,6 +83,22 @@ class Daemon:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
+
+    def first_acknowledgement(self, app_url: str, timeout: float) -> float | None:
+        """Wait until a Dagster run has acknowledged a profile request (the setup's
+        inventory is dirty, nothing else processes it yet); seconds waited, or None."""
+        started = time.monotonic()
+        with connect(app_url, application_name="chaos.harness") as conn:
+            while time.monotonic() - started < timeout and self.alive():
+                row = fetch_one(
+                    conn,
+                    "SELECT EXISTS (SELECT 1 FROM chaos_profile_acks"
+                    " WHERE actor NOT LIKE 'chaos.%') AS done",
+                )
+                if row is not None and row["done"]:
+                    return time.monotonic() - started
+                time.sleep(1.0)
+        return None
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

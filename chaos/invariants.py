@@ -53,6 +53,15 @@ def outstanding(conn: Connection) -> dict[str, int]:
             f" WHERE i.library_id IN ({ACTIVE_LIBRARIES}) AND i.recovery_case_id IS NOT NULL"
             " AND i.recovery_resolved_at IS NULL AND i.recovery_category <> 'not_found'",
         ),
+        # An item with a typed identity gets an attempt (an observation or a recovery
+        # case) for its source; one that never does stops nothing else, but is lost.
+        "items never attempted": _count(
+            conn,
+            "SELECT 1 FROM media_server_items i"
+            f" WHERE i.library_id IN ({ACTIVE_LIBRARIES}) AND i.provider = 'tmdb'"
+            " AND i.provider_kind IN ('movie', 'tv') AND i.observed_at IS NULL"
+            " AND i.recovery_case_id IS NULL AND i.observation_due_at <= now()",
+        ),
         # An item of an inactive library keeps a dead worker's expired lease until the
         # library is active again and the item is claimed anew (claim_due admits it).
         "observation leases": _count(
@@ -306,6 +315,39 @@ def wakeups(conn: Connection, limit: int, spacing_seconds: float) -> list[str]:
             conn,
             "SELECT item_id, generation, count(*) AS n FROM chaos_wakeup_releases"
             " GROUP BY item_id, generation HAVING count(*) > 1 ORDER BY item_id",
+        )
+    ]
+    return out
+
+
+# A typed identity no TMDb id can be read from: anything but ASCII digits, or more
+# digits than any id has. (Leading zeros and the int32 edge are left to the product.)
+MALFORMED = "(i.provider_id !~ '^[0-9]+$' OR length(i.provider_id) > 10)"
+
+
+def malformed_identities(conn: Connection) -> list[str]:
+    """An item whose typed identity is malformed is never observed (nothing is read as a
+    TMDb id from it) and, in an active library, holds an open recovery case (the
+    database allows only the allowlisted categories)."""
+    out = [
+        f"item {r['id']}: malformed identity {r['provider_id']!r} observed as TMDb {r['tmdb_id']}"
+        for r in fetch_all(
+            conn,
+            "SELECT i.id, i.provider_id, o.tmdb_id FROM media_server_items i"
+            " JOIN provider_observations o ON o.item_id = i.id"
+            f" AND o.source_generation = i.source_generation WHERE {MALFORMED}"
+            " ORDER BY i.id",
+        )
+    ]
+    out += [
+        f"item {r['id']}: malformed identity {r['provider_id']!r} without an open recovery case"
+        for r in fetch_all(
+            conn,
+            "SELECT i.id, i.provider_id FROM media_server_items i"
+            f" WHERE i.library_id IN ({ACTIVE_LIBRARIES}) AND i.provider = 'tmdb'"
+            f" AND i.provider_kind IN ('movie', 'tv') AND {MALFORMED}"
+            " AND (i.recovery_case_id IS NULL OR i.recovery_resolved_at IS NOT NULL)"
+            " ORDER BY i.id",
         )
     ]
     return out

@@ -28,6 +28,8 @@ from pathlib import Path
 from chaos import invariants, oracle
 from chaos.config import (
     API_KEY,
+    BACKLOG_AT,
+    DAEMON_FIRST_ACK_SECONDS,
     EXPECTED_SQLSTATE_CLASSES,
     EXPECTED_SQLSTATES,
     EXPECTED_WITHOUT_SQLSTATE,
@@ -44,6 +46,7 @@ from chaos.config import (
     PAUSE_SECONDS,
     RESTART_AT,
     STATS_SETTINGS,
+    STORM_AT,
     TERMINATE_CHANCE,
     WAKEUP_RELEASE_LIMIT,
     WAKEUP_SPACING_SECONDS,
@@ -53,7 +56,7 @@ from chaos.config import (
 from chaos.daemon import Daemon
 from chaos.servers import Server
 from chaos.worker import ROLES, application_name
-from chaos.workload import Workload
+from chaos.workload import Workload, drop_writer_role
 from inventory_pipeline.db import (
     Connection,
     DatabaseError,
@@ -115,6 +118,7 @@ class Report:
     operations: Counter[str] = field(default_factory=Counter)
     refused: Counter[str] = field(default_factory=Counter)
     unexpected_refusals: Counter[str] = field(default_factory=Counter)
+    unsupported: Counter[str] = field(default_factory=Counter)
     runs: int = 0
     kills: Counter[str] = field(default_factory=Counter)
     pauses: Counter[str] = field(default_factory=Counter)
@@ -127,6 +131,7 @@ class Report:
     dirty_seconds: float = 0.0
     storms: list[int] = field(default_factory=list)
     dagster_runs: Counter[str] = field(default_factory=Counter)
+    dagster_first: float | None = None  # seconds until a Dagster run first acknowledged
     divergences: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
@@ -151,7 +156,11 @@ class Report:
             f"quiescence after {self.quiesce_seconds:.1f} s",
         ]
         if self.daemon:
+            first = "never" if self.dagster_first is None else f"{self.dagster_first:.0f} s"
+            out.append(f"Dagster: first acknowledgement after {first} (before the chaos)")
             out.append(f"Dagster runs: {dict(sorted(self.dagster_runs.items()))}")
+        for line, count in self.unsupported.most_common(3):
+            out.append(f"refused by the server by design x{count}: {line}")
         for line, count in self.unexpected_refusals.most_common(8):
             out.append(f"unexpected refusal x{count}: {line}")
         for line, count in self.worker_errors.most_common(8):
@@ -446,12 +455,18 @@ def run(
             if daemon:
                 dagster = Daemon(admin_url, url, standin.url, Path(logs))
                 dagster.start()
+                report.dagster_first = dagster.first_acknowledgement(url, DAEMON_FIRST_ACK_SECONDS)
             clock = DirtyClock(url)
             clock.start()
             try:
                 _chaos(harness, workload, random.Random(f"{seed}-schedule"), seconds, log)
                 report.operations, report.refused = workload.done, workload.refused
                 report.unexpected_refusals = workload.unexpected
+                report.unsupported = workload.unsupported
+                report.storms = [
+                    sum(1 for t in list(standin.state.arrivals) if start <= t <= end)
+                    for start, end in workload.storms
+                ]
                 workload.settle()
                 with connect(url, application_name="chaos.harness") as conn:
                     report.quiesce_seconds, left = _quiesce(conn, MAX_QUIESCE_SECONDS, harness)
@@ -462,7 +477,10 @@ def run(
                     if "observation leases" in left:
                         report.divergences += invariants.describe_leases(conn)
                     report.dirty_seconds = clock.stop()
-                    report.divergences += _rebuild_and_compare(conn, harness)
+                    if left:  # the rebuild would only wait as long again
+                        report.divergences.append("stats rebuild not compared: not quiescent")
+                    else:
+                        report.divergences += _rebuild_and_compare(conn, harness)
             finally:
                 clock.stop()
                 harness.stop()
@@ -485,6 +503,7 @@ def run(
             dagster.stop()
         with connect(admin_url) as admin:
             drop_database(admin, database)
+            drop_writer_role(admin, database)
     return report
 
 
@@ -496,6 +515,7 @@ def _checks(conn: Connection, report: Report, harness: Harness) -> list[str]:
     out += invariants.no_attempt_burned_unworked(conn)
     out += invariants.wakeups(conn, WAKEUP_RELEASE_LIMIT, WAKEUP_SPACING_SECONDS)
     out += invariants.nothing_stuck(conn)
+    out += invariants.malformed_identities(conn)
     out += judge_errors(report.worker_errors)
     out += [f"write refused: {line}" for line in report.unexpected_refusals]
     if report.daemon and not report.restarts:
@@ -523,10 +543,15 @@ def _chaos(
         harness.start(worker)
     total = max(1, int(seconds * OPS_PER_SECOND))
     restarts = {int(total * at) for at in RESTART_AT} if harness.server.restartable else set()
+    backlog, storm = int(total * BACKLOG_AT), int(total * STORM_AT)
     started = time.monotonic()
     admin = connect(harness.url, application_name="chaos.harness")
     try:
         for op in range(total):
+            if op == backlog:
+                workload.apply("backlog", workload.backlog)
+            if op == storm:
+                workload.apply("throttle_storm", workload.throttle_storm)
             workload.step()
             roll = schedule.random()
             target = schedule.choice(harness.workers)
@@ -551,6 +576,7 @@ def _chaos(
                 time.sleep(delay)
     finally:
         admin.close()
+    workload.end_storm()
     harness.resume_all()
 
 
