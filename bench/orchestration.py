@@ -102,7 +102,7 @@ def run(admin_url: str, smoke: bool) -> list[Figure]:
     single = burst(
         admin_url,
         per_partition_libraries,
-        {"INVENTORY_CLAIM_BATCH": "1", "INVENTORY_MAX_RUNS_PER_TICK": "1000"},
+        {"INVENTORY_RUN_CLAIMS": "1", "INVENTORY_MAX_RUNS_PER_TICK": "1000"},
         limit=1200,
     )
     # One run per partition is measured on fewer libraries (it scales linearly with

@@ -18,7 +18,7 @@ PROFILE_POLICY = RefreshPolicy(
     retry_seconds=1,
     circuit_probe_seconds=2,
     native_max_age_seconds=10**7,  # native refreshes would only add noise
-    claim_batch=10,
+    run_claims=10,
 )
 
 RETRY_POLICY = RetryPolicy(

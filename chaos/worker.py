@@ -68,11 +68,14 @@ def slow_generate(frame: pd.DataFrame) -> dict[str, Any]:
 
 
 def refresher(conn: Connection) -> bool:
-    """What one refresh run does, through the same service calls (kept in this one
-    place so it follows the run's own path when that changes)."""
-    batch = profiles.claim(conn, PROFILE_POLICY, limit=3)
+    """One step of a refresh run, through the same service calls as
+    `profiles.refresh` (claim one request as its work begins, process it), with the
+    token declared for the audit in between. Kept in this one place so it follows the
+    run's own path when that changes."""
+    batch = profiles.claim(conn, PROFILE_POLICY)
     declare(conn, batch.lease_token)
-    profiles.process_batch(conn, batch.lease_token, PROFILE_POLICY, slow_generate)
+    for claim in batch.claims:
+        profiles.process(conn, claim, PROFILE_POLICY, slow_generate)
     return bool(batch.claims)
 
 

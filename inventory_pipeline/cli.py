@@ -276,8 +276,7 @@ def _tmdb_key(args: argparse.Namespace, settings: Settings) -> int:
 def _refresh(args: argparse.Namespace, settings: Settings) -> int:
     with provision(settings) as deployment, connect(deployment.app_url) as conn:
         plan = service.plan(conn, settings.policy)
-        batch = service.claim(conn, settings.policy, limit=args.limit)
-        completions = service.process_batch(conn, batch.lease_token, settings.policy)
+        completions = list(service.refresh(conn, settings.policy, max_claims=args.limit))
     outcomes: dict[str, int] = {}
     for c in completions:
         outcomes[c.outcome] = outcomes.get(c.outcome, 0) + 1

@@ -1,9 +1,9 @@
 """Dagster surface of the profile refresh (seed 000).
 
-The sensor plans and claims; runs process claims; the asset is what analysts backfill.
-Correctness lives in the database: a run only ever completes claims its lease token
-still holds, so a killed, duplicated or hand-launched run changes nothing the lease
-would not allow.
+The sensor plans and launches; runs claim as their work begins; the asset is what
+analysts backfill. Correctness lives in the database: a run only ever completes claims
+its lease token still holds, so a killed, duplicated or hand-launched run changes
+nothing the lease would not allow.
 """
 
 # No `from __future__ import annotations` here: Dagster reads op, asset and check
@@ -11,12 +11,11 @@ would not allow.
 
 from collections.abc import Iterator, Sequence
 from typing import Any
-from uuid import UUID
 
 import dagster as dg
 
 from inventory_pipeline.db import Connection
-from inventory_pipeline.defs.resources import InventoryDatabase
+from inventory_pipeline.defs.resources import InventoryDatabase, runs_waiting
 from inventory_pipeline.profiles import service
 from inventory_pipeline.profiles.generator import top_genres
 from inventory_pipeline.profiles.models import Completion, ProfileStatus
@@ -59,18 +58,6 @@ def materialization(completion: Completion) -> dg.AssetMaterialization:
     )
 
 
-def refresh_run_config(lease_token: UUID) -> dict[str, Any]:
-    """Run config carries only the lease token: no URL, no secret."""
-    return {"ops": {"refresh_claimed_profiles": {"config": {"lease_token": str(lease_token)}}}}
-
-
-def _lease_token(config: dict[str, Any]) -> UUID:
-    try:
-        return UUID(config["lease_token"])
-    except ValueError:
-        raise dg.Failure("lease_token must be a UUID (the sensor's claim token)") from None
-
-
 def library_ids_of(partition_keys: Sequence[str]) -> list[int]:
     """Partition keys are library ids; anything else is refused before any work."""
     bad = [key for key in partition_keys if not key.isascii() or not key.isdigit()]
@@ -79,27 +66,40 @@ def library_ids_of(partition_keys: Sequence[str]) -> list[int]:
     return [int(key) for key in partition_keys]
 
 
-@dg.op(config_schema={"lease_token": str}, tags={QUEUE_TAG: REFRESH_QUEUE})
+@dg.op(
+    config_schema={
+        "max_claims": dg.Field(
+            dg.IntSource,
+            is_required=False,
+            description="Stop after this many claims (default INVENTORY_RUN_CLAIMS).",
+        )
+    },
+    tags={QUEUE_TAG: REFRESH_QUEUE},
+)
 def refresh_claimed_profiles(
     context: dg.OpExecutionContext, inventory_db: InventoryDatabase
 ) -> dg.Output[int]:
-    """Process every live claim of the sensor's lease token, one materialization each."""
+    """Claim requests one at a time as the work begins and process each, one
+    materialization per library, until nothing is claimable."""
     policy = inventory_db.policy()
+    max_claims = context.op_config.get("max_claims")
+    if max_claims is not None and max_claims <= 0:
+        raise dg.Failure(f"max_claims must be positive, got {max_claims}")
     counts = {"published": 0, "removed": 0, "lost": 0, "failed": 0}
+    touched: list[int] = []
     with inventory_db.connection() as conn:
-        completions = service.process_batch(conn, _lease_token(context.op_config), policy)
-        for completion in completions:
+        for completion in service.refresh(conn, policy, max_claims):
             counts[completion.outcome] += 1
+            touched.append(completion.library_id)
             if completion.outcome in ("published", "removed"):
                 context.log_event(materialization(completion))
             elif completion.outcome == "failed":
                 context.log.warning(
-                    f"library {completion.library_id}: attempt failed, retry scheduled "
-                    f"({completion.error})"
+                    f"library {completion.library_id}: attempt failed ({completion.error})"
                 )
             else:
                 context.log.warning(f"library {completion.library_id}: claim lost, nothing done")
-        log_check_evaluations(context, conn, [c.library_id for c in completions])
+        log_check_evaluations(context, conn, touched)
     return dg.Output(counts["published"] + counts["removed"], metadata=dict(counts))
 
 
@@ -201,21 +201,20 @@ def log_check_evaluations(
     minimum_interval_seconds=5,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Keeps partitions in step with libraries, plans dirty libraries and "
-    "launches batched refresh runs for what it claimed.",
+    "launches refresh runs for the backlog; the runs claim when they start.",
 )
 def library_profile_sensor(
     context: dg.SensorEvaluationContext, inventory_db: InventoryDatabase
 ) -> dg.SensorResult | dg.SkipReason:
+    """A tick never claims: ticks fail, are previewed from the UI and are retried, and a
+    run may wait in the queue for minutes. It launches enough runs for the backlog
+    (`run_claims` each), never more than `max_runs_per_tick` waiting to start."""
     policy = inventory_db.policy()
+    max_runs = inventory_db.max_runs_per_tick()
     with inventory_db.connection() as conn:
         library_ids = {str(i) for i in service.library_ids(conn)}
         plan = service.plan(conn, policy)
-        batches = []
-        for _ in range(inventory_db.max_runs_per_tick()):
-            batch = service.claim(conn, policy)
-            if not batch.claims:
-                break
-            batches.append(batch)
+        claimable = service.claimable(conn, max_runs * policy.run_claims)
     known = set(context.instance.get_dynamic_partitions(PARTITIONS_NAME))
     partition_requests: list[dg.AddDynamicPartitionsRequest | dg.DeleteDynamicPartitionsRequest]
     partition_requests = []
@@ -227,23 +226,25 @@ def library_profile_sensor(
         partition_requests.append(
             library_partitions.build_delete_request(sorted(known - library_ids, key=int))
         )
+    wanted = min(max_runs, -(-claimable // policy.run_claims))
+    launches = max(0, wanted - runs_waiting(context.instance, library_profile_refresh.name))
+    first = int(context.cursor or "0")
     runs = [
         dg.RunRequest(
-            # The claim's identity: Dagster never re-fires a run_key whose run failed.
-            run_key=f"profile-claim-{batch.lease_token}",
-            run_config=refresh_run_config(batch.lease_token),
-            tags={
-                QUEUE_TAG: REFRESH_QUEUE,
-                "inventory_pipeline/claims": str(len(batch.claims)),
-            },
+            # Unique per launch: Dagster never re-fires a run_key whose run failed.
+            run_key=f"profile-refresh-{first + n + 1}",
+            tags={QUEUE_TAG: REFRESH_QUEUE, "inventory_pipeline/claimable": str(claimable)},
         )
-        for batch in batches
+        for n in range(launches)
     ]
+    if runs:
+        context.update_cursor(str(first + len(runs)))
     if not runs and not partition_requests:
-        return dg.SkipReason(f"nothing to refresh (expired leases recovered: {plan.expired})")
+        reason = "nothing to refresh" if claimable == 0 else "runs already waiting to start"
+        return dg.SkipReason(f"{reason} (claimable: {claimable}, expired leases: {plan.expired})")
     context.log.info(
         f"planned {len(plan.inventory)} inventory and {len(plan.native)} native requests; "
-        f"launching {len(runs)} runs for {sum(len(b.claims) for b in batches)} claims"
+        f"{claimable} claimable, launching {len(runs)} runs"
     )
     return dg.SensorResult(run_requests=runs, dynamic_partitions_requests=partition_requests)
 

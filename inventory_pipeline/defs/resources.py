@@ -42,6 +42,19 @@ IN_FLIGHT = [
 ]
 
 
+WAITING = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+]
+
+
+def runs_waiting(instance: dg.DagsterInstance, job_name: str) -> int:
+    """Runs of this job launched but not yet started: they hold no claim, so a backlog
+    is served by launching only as many as could start."""
+    return instance.get_runs_count(dg.RunsFilter(job_name=job_name, statuses=WAITING))
+
+
 def run_in_flight(instance: dg.DagsterInstance, job_name: str) -> bool:
     """Is a run of this job queued or running? Only saves a redundant launch: the
     database decides what a run may do, so a second run would just find nothing."""

@@ -32,7 +32,9 @@ class RefreshPolicy:
     circuit_probe_seconds: int = 7200
     native_max_age_seconds: int = 86400
     planner_passes: int = 20
-    claim_batch: int = 100
+    # A refresh run claims one request at a time and stops after this many, so a lease
+    # only ever covers work that has begun and a run stays short enough to read.
+    run_claims: int = 500
     retention_days: int = 30
     compaction_batch: int = 1000
 

@@ -172,12 +172,18 @@ WHERE r.id = next.id
 RETURNING r.id, r.library_id, r.kind, r.inventory_revision, r.attempts, r.lease_token,
           r.lease_expires_at;
 
--- name: claims_by_token
--- The live claims of one lease token (a run receives only the token).
-SELECT id, library_id, kind, inventory_revision, attempts, lease_token, lease_expires_at
-FROM profile_refresh_requests
-WHERE lease_token = %(lease_token)s AND status = 'running' AND lease_expires_at > now()
-ORDER BY library_id;
+-- name: count_claimable
+-- How many requests a run could claim now (the claim's own predicate), counted up to
+-- a bound: the sensor only needs to know how many runs the backlog fills.
+SELECT count(*) AS claimable
+FROM (
+    SELECT 1
+    FROM profile_refresh_requests r
+    JOIN libraries l ON l.id = r.library_id
+    JOIN media_servers m ON m.id = l.server_id
+    WHERE r.status = 'pending' AND r.available_at <= now() AND l.active AND m.active
+    LIMIT %(limit)s
+) AS claimable;
 
 -- name: read_revision
 -- Read in the same REPEATABLE READ snapshot as the observation: the revision the
@@ -257,11 +263,12 @@ SELECT done.library_id,
 FROM done;
 
 -- name: fail_claim
--- A failed attempt: retry with doubling backoff, or fail for good on the last attempt.
--- Only the current lease holder can record it.
+-- A failed attempt: retry with doubling backoff, or fail for good on the last attempt
+-- (or at once when retrying cannot help). Only the current lease holder can record it.
 UPDATE profile_refresh_requests r
-SET status = CASE WHEN r.attempts >= r.max_attempts THEN 'failed' ELSE 'pending' END,
-    finished_at = CASE WHEN r.attempts >= r.max_attempts THEN now() END,
+SET status = CASE WHEN %(terminal)s OR r.attempts >= r.max_attempts
+                  THEN 'failed' ELSE 'pending' END,
+    finished_at = CASE WHEN %(terminal)s OR r.attempts >= r.max_attempts THEN now() END,
     available_at = now() + make_interval(secs => %(retry_seconds)s * 2 ^ (r.attempts - 1)),
     lease_token = NULL,
     lease_expires_at = NULL,
@@ -277,13 +284,15 @@ WHERE id = ANY (%(request_ids)s)
 ORDER BY id;
 
 -- name: compact_requests
--- seed 000: terminal requests older than the retention, in bounded batches, keeping
--- the latest terminal record per library (its cooldown and last outcome) and never
--- touching active work.
+-- Terminal inventory_change requests older than the retention, in bounded batches,
+-- keeping the latest terminal record per library (its cooldown and last outcome) and
+-- never touching active work. Learning and native records belong to their own flows
+-- and are never deleted here.
 WITH doomed AS (
     SELECT r.id
     FROM profile_refresh_requests r
-    WHERE r.status IN ('succeeded', 'failed')
+    WHERE r.kind = 'inventory_change'
+      AND r.status IN ('succeeded', 'failed')
       AND r.finished_at < now() - make_interval(days => %(retention_days)s)
       AND EXISTS (
           SELECT 1 FROM profile_refresh_requests newer

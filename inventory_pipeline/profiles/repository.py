@@ -151,9 +151,9 @@ def claim_requests(
     return sorted((_claim(r) for r in rows), key=lambda c: c.library_id)
 
 
-def claims_by_token(conn: Connection, lease_token: UUID) -> list[Claim]:
-    rows = fetch_all(conn, QUERIES["claims_by_token"], {"lease_token": lease_token})
-    return [_claim(r) for r in rows]
+def count_claimable(conn: Connection, limit: int) -> int:
+    row = fetch_one(conn, QUERIES["count_claimable"], {"limit": limit})
+    return 0 if row is None else int(row["claimable"])
 
 
 def read_revision(conn: Connection, library_id: int) -> int | None:
@@ -188,7 +188,9 @@ def complete_claim(
     )
 
 
-def fail_claim(conn: Connection, claim: Claim, policy: RefreshPolicy, error: str) -> Row | None:
+def fail_claim(
+    conn: Connection, claim: Claim, policy: RefreshPolicy, error: str, terminal: bool = False
+) -> Row | None:
     return fetch_one(
         conn,
         QUERIES["fail_claim"],
@@ -197,6 +199,7 @@ def fail_claim(conn: Connection, claim: Claim, policy: RefreshPolicy, error: str
             "lease_token": claim.lease_token,
             "retry_seconds": policy.retry_seconds,
             "error": error,
+            "terminal": terminal,
         },
     )
 

@@ -8,14 +8,20 @@ unless a transaction is shown. No transaction is held while a profile is generat
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
-from uuid import UUID, uuid4
+from uuid import uuid4
 
 import pandas as pd
 
-from inventory_pipeline.db import Connection, DatabaseUnavailable, snapshot, transaction
+from inventory_pipeline.db import (
+    Connection,
+    DatabaseError,
+    DatabaseUnavailable,
+    snapshot,
+    transaction,
+)
 from inventory_pipeline.profiles import repository
 from inventory_pipeline.profiles.generator import frame_from_rows, generate_profile
 from inventory_pipeline.profiles.models import (
@@ -59,19 +65,18 @@ def plan(conn: Connection, policy: RefreshPolicy) -> Plan:
 def claim(
     conn: Connection,
     policy: RefreshPolicy,
-    limit: int | None = None,
+    limit: int = 1,
     request_ids: Sequence[int] | None = None,
 ) -> ClaimBatch:
     """Claim up to `limit` claimable requests under one fresh lease token."""
     token = uuid4()
-    claims = repository.claim_requests(
-        conn,
-        token,
-        policy.lease_seconds,
-        limit if limit is not None else policy.claim_batch,
-        request_ids,
-    )
+    claims = repository.claim_requests(conn, token, policy.lease_seconds, limit, request_ids)
     return ClaimBatch(lease_token=token, claims=tuple(claims))
+
+
+def claimable(conn: Connection, limit: int) -> int:
+    """Requests a run could claim now, counted up to `limit`."""
+    return repository.count_claimable(conn, limit)
 
 
 def observe(conn: Connection, library_id: int) -> Observation:
@@ -91,6 +96,31 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:240]
 
 
+def _fail(
+    conn: Connection,
+    claim: Claim,
+    policy: RefreshPolicy,
+    error: str,
+    observed_revision: int = 0,
+    terminal: bool = False,
+) -> Completion:
+    """Record a failed attempt; a claim that is gone (lease lost, library deleted) is lost."""
+    row = repository.fail_claim(conn, claim, policy, error, terminal)
+    return Completion(
+        request_id=claim.request_id,
+        library_id=claim.library_id,
+        kind=claim.kind,
+        outcome="lost" if row is None else "failed",
+        claimed_revision=claim.inventory_revision,
+        observed_revision=observed_revision,
+        acknowledged_revision=None,
+        revision=None,
+        item_count=0,
+        profile=None,
+        error=error,
+    )
+
+
 def process(
     conn: Connection,
     claim: Claim,
@@ -101,32 +131,38 @@ def process(
 
     Generation runs even when the stored profile is young (seed 000). An empty library
     completes with the guarded profile deletion and is acknowledged. A failure records
-    a retry (or the terminal failure on the last attempt); a lost claim changes nothing.
+    a retry (or the terminal failure on the last attempt) for this claim alone; a lost
+    claim changes nothing. A request for a revision the library never reached (written
+    by hand) cannot be acknowledged: it fails at once.
     """
     try:
         observation = observe(conn, claim.library_id)
-        frame = frame_from_rows(observation.columns, observation.rows)
-        profile = generate(frame) if len(frame) else None
     except DatabaseUnavailable:
         raise  # nothing can be recorded; the lease expires and the request is retried
-    except Exception as exc:
-        error = _describe(exc)
-        repository.fail_claim(conn, claim, policy, error)
-        return Completion(
-            request_id=claim.request_id,
-            library_id=claim.library_id,
-            kind=claim.kind,
-            outcome="failed",
-            claimed_revision=claim.inventory_revision,
-            observed_revision=0,
-            acknowledged_revision=None,
-            revision=None,
-            item_count=0,
-            profile=None,
-            error=error,
+    except DatabaseError as exc:
+        return _fail(conn, claim, policy, _describe(exc))
+    if (claim.inventory_revision or 0) > observation.revision:
+        return _fail(
+            conn,
+            claim,
+            policy,
+            f"request revision {claim.inventory_revision} is ahead of the library's "
+            f"revision {observation.revision}",
+            observation.revision,
+            terminal=True,
         )
+    try:
+        frame = frame_from_rows(observation.columns, observation.rows)
+        profile = generate(frame) if len(frame) else None
+    except Exception as exc:
+        return _fail(conn, claim, policy, _describe(exc), observation.revision)
     item_count = len(observation.rows)
-    row = repository.complete_claim(conn, claim, observation.revision, item_count, profile)
+    try:
+        row = repository.complete_claim(conn, claim, observation.revision, item_count, profile)
+    except DatabaseUnavailable:
+        raise
+    except DatabaseError as exc:
+        return _fail(conn, claim, policy, _describe(exc), observation.revision)
     if row is None:
         outcome: Literal["published", "removed", "lost"] = "lost"
     else:
@@ -145,16 +181,24 @@ def process(
     )
 
 
-def process_batch(
+def refresh(
     conn: Connection,
-    lease_token: UUID,
     policy: RefreshPolicy,
+    max_claims: int | None = None,
     generate: Generator = generate_profile,
-) -> list[Completion]:
-    """Process every live claim of one lease token (what a refresh run does)."""
-    return [
-        process(conn, c, policy, generate) for c in repository.claims_by_token(conn, lease_token)
-    ]
+) -> Iterator[Completion]:
+    """What a refresh run does: claim one request, process it, repeat, until nothing is
+    claimable or `max_claims` (default `policy.run_claims`) were taken.
+
+    Claiming when the work begins, one request at a time, means a lease only covers
+    work that has started: a run waiting in Dagster's queue holds nothing, and no
+    request waits out its lease behind the earlier libraries of the same run.
+    """
+    for _ in range(max_claims if max_claims is not None else policy.run_claims):
+        batch = claim(conn, policy)
+        if not batch.claims:
+            return
+        yield process(conn, batch.claims[0], policy, generate)
 
 
 @dataclass(frozen=True)
@@ -177,8 +221,10 @@ def backfill(
     """An analyst's refresh of chosen libraries, through the outbox and lease path.
 
     Enqueue an inventory_change at the current revision or join the library's active
-    request, claim what is pending, generate, acknowledge. A request held by another
-    worker is waited for until it finishes or its lease expires and it can be taken.
+    request, then claim and process them one at a time (a lease covers only work that
+    has begun, however many libraries were chosen). A request held by another worker is
+    waited for until it finishes or its lease expires and it can be taken; the wait
+    gives up after `wait_seconds` without progress.
     """
     ids = sorted(set(library_ids))
     with transaction(conn):
@@ -196,12 +242,12 @@ def backfill(
     waiting: dict[int, BackfillRequest] = {
         r.request_id: r for r in requests if r.library_id not in results
     }
-    deadline = time.monotonic() + (
-        wait_seconds if wait_seconds is not None else policy.lease_seconds + 30
-    )
+    patience = wait_seconds if wait_seconds is not None else policy.lease_seconds + 30
+    deadline = time.monotonic() + patience
     while waiting:
-        batch = claim(conn, policy, limit=len(waiting), request_ids=list(waiting))
-        for c in batch.claims:
+        batch = claim(conn, policy, request_ids=list(waiting))
+        if batch.claims:
+            [c] = batch.claims
             completion = process(conn, c, policy, generate)
             if completion.outcome in ("published", "removed"):
                 results[c.library_id] = BackfillResult(c.library_id, "refreshed", completion)
@@ -213,6 +259,8 @@ def backfill(
                     c.library_id, "failed", completion, error=completion.error or "claim lost"
                 )
             del waiting[c.request_id]
+            deadline = time.monotonic() + patience
+            continue
         for row in repository.request_outcomes(conn, list(waiting)):
             if row["status"] == "succeeded":
                 results[row["library_id"]] = BackfillResult(

@@ -14,7 +14,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from inventory_pipeline.db import connect
+from inventory_pipeline.db import connect, execute, fetch_one
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
 from inventory_pipeline.deployment import (
     DAEMON_COMMAND,
@@ -111,3 +111,78 @@ def test_committed_change_is_acknowledged_by_the_daemon(
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+# 400 keep CI short and are already far beyond what one run can process inside a lease
+# here; INVENTORY_TEST_BACKLOG_LIBRARIES=3000 is the full-size run.
+BACKLOG_LIBRARIES = int(os.environ.get("INVENTORY_TEST_BACKLOG_LIBRARIES", "400"))
+
+
+def test_backlog_larger_than_run_capacity_spends_no_attempt_on_expired_leases(
+    db_url: str, dagster_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A backlog of dirty libraries, one refresh run at a time and short leases: runs wait in
+    Dagster's queue far longer than a lease, yet no request loses an attempt to a lease
+    that ran out before its work began, and every library is acknowledged."""
+    home = Path(dagster_env["DAGSTER_HOME"])
+    yaml = (home / "dagster.yaml").read_text()
+    single = yaml.replace(
+        "value: profile_refresh\n        limit: 2", "value: profile_refresh\n        limit: 1"
+    )
+    assert single != yaml
+    (home / "dagster.yaml").write_text(single)
+    env = {**dagster_env, "INVENTORY_LEASE_SECONDS": "10"}
+    with connect(db_url) as conn:
+        srv = f.server(conn, "backlog")
+        execute(
+            conn,
+            "INSERT INTO libraries (server_id, name, media_kind)"
+            " SELECT %(srv)s, 'lib ' || n, 'movie' FROM generate_series(1, %(n)s) AS n",
+            {"srv": srv, "n": BACKLOG_LIBRARIES},
+        )
+        execute(
+            conn,
+            "INSERT INTO media_server_items (library_id, title, year, provider,"
+            " provider_kind, provider_id, rating, genres, primary_studio, original_language)"
+            " SELECT l.id, 'Title ' || i, 1950 + i, 'tmdb', 'movie', (l.id * 10 + i)::text,"
+            " i % 10, ARRAY['Drama', 'Comedy'], 'A24', 'en'"
+            " FROM libraries l CROSS JOIN generate_series(1, 6) AS i",
+        )
+    log_path = tmp_path / "daemon.log"
+    with log_path.open("wb") as log:
+        proc = start_dagster(
+            [*DAEMON_COMMAND, "run", "-m", "inventory_pipeline.definitions"],
+            env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            with connect(db_url) as conn:
+                deadline = time.monotonic() + 900
+                while time.monotonic() < deadline:
+                    row = fetch_one(
+                        conn,
+                        "SELECT count(*) FILTER (WHERE revision > acknowledged_revision) AS dirty,"
+                        " (SELECT count(*) FROM profile_refresh_requests"
+                        "  WHERE attempts > 1 OR last_error IS NOT NULL) AS burned"
+                        " FROM library_inventory_state",
+                    )
+                    assert row is not None
+                    assert row["burned"] == 0, "an attempt was spent on an expired lease"
+                    if row["dirty"] == 0:
+                        break
+                    assert proc.poll() is None, log_path.read_text()[-3000:]
+                    time.sleep(2)
+                else:
+                    pytest.fail(
+                        "backlog not acknowledged in time:\n" + log_path.read_text()[-3000:]
+                    )
+                done = fetch_one(
+                    conn,
+                    "SELECT count(*) AS n, max(attempts) AS attempts FROM profile_refresh_requests"
+                    " WHERE status = 'succeeded'",
+                )
+                assert done is not None
+                assert (done["n"], done["attempts"]) == (BACKLOG_LIBRARIES, 1)
+        finally:
+            stop_dagster(proc)

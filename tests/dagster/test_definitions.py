@@ -3,12 +3,13 @@ and the partitioned check, executed in process against an ephemeral instance."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import dagster as dg
 import pytest
 
-from inventory_pipeline.db import Connection, execute
+from inventory_pipeline.db import Connection, execute, fetch_one
 from inventory_pipeline.definitions import defs
 from inventory_pipeline.defs import profiles as profile_defs
 from inventory_pipeline.defs.resources import InventoryDatabase
@@ -41,7 +42,15 @@ def materializations(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, o
     return out
 
 
-def test_sensor_claims_and_run_publishes_batch(
+def running_claims(conn: Connection) -> int:
+    row = fetch_one(
+        conn, "SELECT count(*) AS n FROM profile_refresh_requests WHERE status = 'running'"
+    )
+    assert row is not None
+    return int(row["n"])
+
+
+def test_sensor_plans_and_the_run_claims(
     conn: Connection, db_url: str, instance: dg.DagsterInstance
 ) -> None:
     srv = f.server(conn)
@@ -53,30 +62,81 @@ def test_sensor_claims_and_run_publishes_batch(
     result = profile_defs.library_profile_sensor(context)
     assert isinstance(result, dg.SensorResult)
     [run] = result.run_requests or []
-    token = run.run_config["ops"]["refresh_claimed_profiles"]["config"]["lease_token"]
-    assert run.run_key == f"profile-claim-{token}"
+    assert run.run_key == "profile-refresh-1" and not run.run_config
+    # The tick planned but claimed nothing: a run waiting in the queue holds no lease.
+    assert running_claims(conn) == 0
+    assert {r["status"] for lib in libs for r in f.requests(conn, lib)} == {"pending"}
     [add] = result.dynamic_partitions_requests or []
     assert sorted(add.partition_keys or []) == sorted(str(i) for i in libs)
     instance.add_dynamic_partitions(profile_defs.library_partitions.name, [str(i) for i in libs])
 
     job = profile_defs.library_profile_refresh
-    executed = job.execute_in_process(
-        run_config=run.run_config, instance=instance, resources={"inventory_db": db}
-    )
+    executed = job.execute_in_process(instance=instance, resources={"inventory_db": db})
     assert executed.success
     mats = materializations(executed)
     assert sorted(mats) == sorted(str(i) for i in libs)
     assert all(m["acknowledged_revision"] == 1 and m["item_count"] == 8 for m in mats.values())
     assert all(f.state(conn, lib)["acknowledged_revision"] == 1 for lib in libs)
+    assert all(r["attempts"] == 1 for lib in libs for r in f.requests(conn, lib))
     checks = executed.get_asset_check_evaluations()
     assert sorted(c.partition or "" for c in checks if c.passed) == sorted(str(i) for i in libs)
-    # Replaying the same run (a duplicated or hand-launched run) changes nothing.
-    again = job.execute_in_process(
-        run_config=run.run_config, instance=instance, resources={"inventory_db": db}
-    )
+    # Replaying the run (a duplicated or hand-launched run) finds nothing to claim.
+    again = job.execute_in_process(instance=instance, resources={"inventory_db": db})
     assert again.success and materializations(again) == {}
     # Nothing left: the next tick skips.
     assert isinstance(profile_defs.library_profile_sensor(context), dg.SkipReason)
+
+
+def test_previewed_and_failed_ticks_leave_no_claim(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    """The UI's "Preview tick result" evaluates the sensor and launches nothing; a tick
+    can fail after its work. Neither may leave a lease behind."""
+    lib = f.library(conn)
+    f.items(conn, lib, 6)
+    db = InventoryDatabase(url=db_url)
+    for _ in range(3):  # previews: evaluated, never launched
+        context = dg.build_sensor_context(instance=instance, resources={"inventory_db": db})
+        assert isinstance(profile_defs.library_profile_sensor(context), dg.SensorResult)
+        assert running_claims(conn) == 0
+    # A run launched later claims at once, on its first attempt.
+    executed = profile_defs.library_profile_refresh.execute_in_process(
+        instance=instance, resources={"inventory_db": db}
+    )
+    assert executed.success and list(materializations(executed)) == [str(lib)]
+    [request] = f.requests(conn, lib)
+    assert (request["status"], request["attempts"]) == ("succeeded", 1)
+
+
+def test_sensor_launches_no_more_runs_than_could_start(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    """Runs waiting in the queue count against the backlog: a backlog larger than run
+    capacity does not pile up runs that would each find nothing."""
+    srv = f.server(conn)
+    for i in range(7):
+        f.items(conn, f.library(conn, srv, name=str(i)), 2)
+    db = InventoryDatabase(url=db_url)
+    os.environ["INVENTORY_RUN_CLAIMS"] = "2"
+    try:
+        context = dg.build_sensor_context(instance=instance, resources={"inventory_db": db})
+        first = profile_defs.library_profile_sensor(context)
+        assert isinstance(first, dg.SensorResult)
+        assert [r.run_key for r in first.run_requests or []] == [
+            f"profile-refresh-{n}" for n in (1, 2, 3, 4)
+        ]
+        job = profile_defs.library_profile_refresh
+        for _ in range(3):
+            instance.create_run_for_job(job, status=dg.DagsterRunStatus.NOT_STARTED)
+        context = dg.build_sensor_context(
+            instance=instance, resources={"inventory_db": db}, cursor="4"
+        )
+        second = profile_defs.library_profile_sensor(context)
+        assert isinstance(second, dg.SensorResult)
+        assert [r.run_key for r in second.run_requests or []] == ["profile-refresh-5"]
+    finally:
+        del os.environ["INVENTORY_RUN_CLAIMS"]
+    assert running_claims(conn) == 0
 
 
 def test_backfill_goes_through_outbox(
@@ -134,15 +194,13 @@ def test_killed_run_is_recovered_by_the_lease(conn: Connection, db_url: str) -> 
     f.items(conn, lib, 6)
     policy = RefreshPolicy()
     service.plan(conn, policy)
-    dead = service.claim(conn, policy)
-    assert len(dead.claims) == 1
+    [dead] = service.claim(conn, policy).claims
     execute(
         conn, "UPDATE profile_refresh_requests SET lease_expires_at = now(), available_at = now()"
     )
     assert service.plan(conn, policy).expired == 1
     execute(conn, "UPDATE profile_refresh_requests SET available_at = now()")
-    fresh = service.claim(conn, policy)
-    assert [c.request_id for c in fresh.claims] == [c.request_id for c in dead.claims]
-    assert service.process_batch(conn, dead.lease_token, policy) == []
-    [done] = service.process_batch(conn, fresh.lease_token, policy)
-    assert done.outcome == "published"
+    [fresh] = service.claim(conn, policy).claims
+    assert fresh.request_id == dead.request_id
+    assert service.process(conn, dead, policy).outcome == "lost"
+    assert service.process(conn, fresh, policy).outcome == "published"

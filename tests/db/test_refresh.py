@@ -19,8 +19,7 @@ POLICY = RefreshPolicy()
 
 def refresh_all(conn: Connection, policy: RefreshPolicy = POLICY) -> list[Any]:
     service.plan(conn, policy)
-    batch = service.claim(conn, policy)
-    return service.process_batch(conn, batch.lease_token, policy)
+    return list(service.refresh(conn, policy))
 
 
 def test_dirty_library_is_refreshed_and_acknowledged(conn: Connection) -> None:
@@ -28,7 +27,7 @@ def test_dirty_library_is_refreshed_and_acknowledged(conn: Connection) -> None:
     f.items(conn, lib, 12)
     plan = service.plan(conn, POLICY)
     assert [(p.library_id, p.inventory_revision) for p in plan.inventory] == [(lib, 1)]
-    [done] = service.process_batch(conn, service.claim(conn, POLICY).lease_token, POLICY)
+    [done] = service.refresh(conn, POLICY)
     assert done.outcome == "published"
     assert (done.acknowledged_revision, done.revision) == (1, 1)
     assert f.state(conn, lib) == {"revision": 1, "acknowledged_revision": 1, "dirty_since": None}
@@ -100,7 +99,7 @@ def test_existing_native_request_delays_but_cannot_acknowledge(conn: Connection)
         (lib,),
     )
     assert service.plan(conn, POLICY).inventory == ()
-    [done] = service.process_batch(conn, service.claim(conn, POLICY).lease_token, POLICY)
+    [done] = service.refresh(conn, POLICY)
     assert done.kind == "native" and done.outcome == "published"
     assert f.state(conn, lib)["acknowledged_revision"] == 0
     # The next pass queues the still-dirty revision.
@@ -178,7 +177,7 @@ def test_acknowledgement_never_moves_backwards(conn: Connection) -> None:
         " 'inventory_changed', 1)",
         (lib,),
     )
-    [done] = service.process_batch(conn, service.claim(conn, POLICY).lease_token, POLICY)
+    [done] = service.refresh(conn, POLICY)
     assert done.outcome == "published" and done.acknowledged_revision == 2
 
 
@@ -219,7 +218,7 @@ def test_inactive_library_pauses_new_claims_but_running_work_finishes(conn: Conn
     assert [p.library_id for p in plan.inventory] == [running]
     batch = service.claim(conn, POLICY)
     execute(conn, "UPDATE libraries SET active = false WHERE id = %s", (running,))
-    [done] = service.process_batch(conn, batch.lease_token, POLICY)
+    [done] = [service.process(conn, c, POLICY) for c in batch.claims]
     assert done.outcome == "published"
     # Changes while inactive are captured; nothing is planned or claimed until
     # reactivation.
@@ -245,7 +244,7 @@ def test_three_attempts_then_two_hour_circuit_probe(conn: Connection) -> None:
     for attempt in (1, 2, 3):
         execute(conn, "UPDATE profile_refresh_requests SET available_at = now()")
         batch = service.claim(conn, POLICY)
-        [done] = service.process_batch(conn, batch.lease_token, POLICY, broken)
+        [done] = [service.process(conn, c, POLICY, broken) for c in batch.claims]
         assert done.outcome == "failed" and "generation blew up" in (done.error or "")
         [req] = f.requests(conn, lib)
         assert req["attempts"] == attempt
@@ -269,7 +268,7 @@ def test_probe_after_terminal_failure_without_new_inventory(conn: Connection) ->
     service.plan(conn, POLICY)
     for _ in range(3):
         execute(conn, "UPDATE profile_refresh_requests SET available_at = now()")
-        service.process_batch(conn, service.claim(conn, POLICY).lease_token, POLICY, broken)
+        list(service.refresh(conn, POLICY, generate=broken))
     f.age_requests(conn, lib, 3600)
     assert service.plan(conn, POLICY).planned == 0
     f.age_requests(conn, lib, 3601)
@@ -408,3 +407,80 @@ def test_failed_backfill_spends_one_attempt(conn: Connection) -> None:
     assert result.status == "failed" and "generation blew up" in (result.error or "")
     [request] = f.requests(conn, lib)
     assert (request["status"], request["attempts"]) == ("pending", 1)
+
+
+def test_compaction_deletes_only_inventory_change_history(conn: Connection) -> None:
+    """Learning and native records belong to their flows: compaction never deletes them."""
+    lib = f.library(conn)
+    f.items(conn, lib, 1)
+    refresh_all(conn)
+    for learning_id in (1, 2):
+        service.request_learning_refresh(conn, lib, learning_id, classification_id=9)
+        execute(
+            conn,
+            "UPDATE profile_refresh_requests SET status = 'succeeded', finished_at = now()"
+            " WHERE kind = 'learning' AND status = 'pending'",
+        )
+    f.items(conn, lib, 1)
+    refresh_all(conn)
+    f.items(conn, lib, 1)
+    refresh_all(conn)
+    execute(conn, "UPDATE profile_refresh_requests SET finished_at = now() - interval '31 days'")
+    assert service.compact(conn, POLICY) == 2  # the two older inventory_change records
+    left = fetch_all(conn, "SELECT kind FROM profile_refresh_requests ORDER BY id")
+    assert [r["kind"] for r in left] == ["learning", "learning", "inventory_change"]
+
+
+def test_request_ahead_of_the_revision_fails_alone(conn: Connection) -> None:
+    """A hand-inserted request whose revision the library never reached fails with a
+    clear error; the rest of the run goes on and nothing is acknowledged beyond."""
+    srv = f.server(conn)
+    bogus, good = f.library(conn, srv, name="bogus"), f.library(conn, srv, name="good")
+    f.items(conn, bogus, 6)
+    f.items(conn, good, 6)
+    execute(
+        conn,
+        "INSERT INTO profile_refresh_requests (library_id, kind, source, reason,"
+        " inventory_revision) VALUES (%s, 'inventory_change', 'inventory_revision',"
+        " 'inventory_changed', 99)",
+        (bogus,),
+    )
+    done = {c.library_id: c for c in refresh_all(conn)}
+    assert done[good].outcome == "published"
+    assert done[bogus].outcome == "failed"
+    assert "revision 99 is ahead of the library's revision 1" in (done[bogus].error or "")
+    [req] = f.requests(conn, bogus)
+    assert (req["status"], req["attempts"]) == ("failed", 1)
+    assert f.state(conn, bogus)["acknowledged_revision"] == 0
+    assert f.profile(conn, bogus) is None
+
+
+def test_runs_and_backfills_hold_a_lease_only_on_work_begun(conn: Connection, db_url: str) -> None:
+    """While one library is generated, the others of the same run or backfill are not
+    leased: a slow library cannot make the rest wait out their leases."""
+    srv = f.server(conn)
+    libs = [f.library(conn, srv, name=str(i)) for i in range(4)]
+    for lib in libs:
+        f.items(conn, lib, 6)
+    leased: list[int] = []
+
+    def watching(frame: pd.DataFrame) -> dict[str, Any]:
+        with connect(db_url) as other:
+            row = fetch_one(
+                other, "SELECT count(*) AS n FROM profile_refresh_requests WHERE status = 'running'"
+            )
+        assert row is not None
+        leased.append(int(row["n"]))
+        return generate_profile(frame)
+
+    service.plan(conn, POLICY)
+    assert [c.outcome for c in service.refresh(conn, POLICY, generate=watching)] == [
+        "published"
+    ] * 4
+    assert leased == [1, 1, 1, 1]
+    for lib in libs:
+        f.items(conn, lib, 1)
+    leased.clear()
+    results = service.backfill(conn, libs, POLICY, generate=watching)
+    assert [r.status for r in results] == ["refreshed"] * 4
+    assert leased == [1, 1, 1, 1]

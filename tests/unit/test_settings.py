@@ -21,7 +21,7 @@ def test_defaults() -> None:
     ("env", "message"),
     [
         ({"INVENTORY_LEASE_SECONDS": "soon"}, "must be a whole number"),
-        ({"INVENTORY_CLAIM_BATCH": "0"}, "must be positive"),
+        ({"INVENTORY_RUN_CLAIMS": "0"}, "must be positive"),
         ({"INVENTORY_LEASE_SECONDS": "5"}, "at least 10 seconds"),
     ],
 )
