@@ -423,3 +423,14 @@ def test_oracle_sees_an_item_count_and_a_missing_profile(conn: Connection) -> No
         f"library {lib}: oracle: item_count: expected 6, stored 7",
         f"library {other}: oracle: 6 items, no profile stored",
     ]
+
+
+def test_an_authentication_case_nobody_may_wake_is_not_stuck(conn: Connection) -> None:
+    """A day's cooldown is stuck where a verified key would release the case, and
+    legitimate where it would not (the item moved to a library of another kind)."""
+    movies = f.library(conn, media_kind="movie")
+    shows = f.library(conn, name="Shows", media_kind="tv")
+    [waiting, moved] = f.auth_cases(conn, movies, 2)
+    execute(conn, "UPDATE media_server_items SET library_id = %s WHERE id = %s", (shows, moved))
+    assert invariants.nothing_stuck(conn) == [f"item {waiting}: open auth case without a due retry"]
+    assert invariants.outstanding(conn)["observable open cases"] == 1
