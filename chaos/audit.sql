@@ -148,8 +148,10 @@ END $$;
 CREATE TRIGGER chaos_applied_audit AFTER UPDATE ON user_stats_refresh_state
     FOR EACH ROW EXECUTE FUNCTION chaos_applied_audit();
 
--- Stats publications: the run's lease must have been live (by the event clock) and
--- its generation must not be older than what was already applied.
+-- Stats publications: the publishing transaction must have begun while the run's lease
+-- was live, by its holder. (A publication locks its run and checks the lease as it
+-- begins; one that outlasts the rest of its lease is safe because it re-checks the
+-- published base under the user's lock, so its end may fall after the lease.)
 CREATE TABLE chaos_stats_publications (
     seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
     run_id bigint NOT NULL,
@@ -157,6 +159,7 @@ CREATE TABLE chaos_stats_publications (
     lease_token uuid NOT NULL,
     completing_token text NOT NULL DEFAULT chaos_declared_token(),
     lease_until timestamptz NOT NULL,
+    began_at timestamptz NOT NULL DEFAULT now(),
     published_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     actor text NOT NULL DEFAULT current_setting('application_name')
 );

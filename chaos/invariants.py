@@ -148,7 +148,8 @@ HARNESS_ACTOR = "chaos.%"
 def no_lost_claim_acknowledged(conn: Connection) -> list[str]:
     """From the audit trail, ordered by its event sequence and timed by the event clock:
     each acknowledgement came from a running request's latest claim while its lease was
-    live, by the token the worker declared; each stats publication under a live lease;
+    live, by the token the worker declared; each stats publication begun under a live
+    lease by its holder;
     each observation completion from the item's latest claim of the same source; no
     revision or version ever went back. Sessions that declare no token (Dagster runs)
     are judged by the latest claim and the lease alone."""
@@ -203,11 +204,11 @@ def no_lost_claim_acknowledged(conn: Connection) -> list[str]:
         f"stats run {r['run_id']}: published by {r['why']}"
         for r in fetch_all(
             conn,
-            "SELECT run_id, CASE WHEN published_at >= lease_until"
+            "SELECT run_id, CASE WHEN began_at >= lease_until"
             "   THEN 'its worker after the lease ended'"
             "   ELSE 'a worker that did not hold its lease' END AS why"
             " FROM chaos_stats_publications"
-            " WHERE published_at >= lease_until"
+            " WHERE began_at >= lease_until"
             " OR (completing_token = '' AND actor LIKE %(harness)s)"
             " OR (completing_token <> '' AND completing_token <> lease_token::text)"
             " ORDER BY seq",

@@ -5,7 +5,9 @@ independent profile oracle, and attempts burned on leases nobody worked under.""
 from __future__ import annotations
 
 import random
+import uuid
 from collections import Counter
+from datetime import date
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,9 @@ from inventory_pipeline.db import Connection, DatabaseError, connect, execute, f
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.profiles.generator import frame_from_rows, generate_profile
 from inventory_pipeline.provider.standin import StandIn
+from inventory_pipeline.stats import service as stats_service
 from tests import factories as f
+from tests import stats_factories as sf
 from tests.conftest import TMDB_TEST_KEY
 from tests.db.test_interleavings import POLICY, process_all
 
@@ -434,3 +438,37 @@ def test_an_authentication_case_nobody_may_wake_is_not_stuck(conn: Connection) -
     execute(conn, "UPDATE media_server_items SET library_id = %s WHERE id = %s", (shows, moved))
     assert invariants.nothing_stuck(conn) == [f"item {waiting}: open auth case without a due retry"]
     assert invariants.outstanding(conn)["observable open cases"] == 1
+
+
+def test_a_stats_publication_begun_after_its_lease_is_seen(conn: Connection) -> None:
+    _audited(conn)
+    sf.exercise(conn, "squat")
+    user = uuid.uuid4()
+    sf.save(conn, user, date(2026, 3, 10), sf.sets(("squat", 100, 5)))
+    claim = stats_service.claim(conn, "test")
+    assert claim is not None
+    declare(conn, claim.lease_token)
+    assert stats_service.compute(conn, claim).status == "computed"
+    assert stats_service.publish(conn, claim).status == "published"
+    assert invariants.no_lost_claim_acknowledged(conn) == []
+    sf.save(conn, user, date(2026, 3, 11), sf.sets(("squat", 110, 5)))
+    late = stats_service.claim(conn, "test")
+    assert late is not None
+    declare(conn, late.lease_token)
+    assert stats_service.compute(conn, late).status == "computed"
+    sf.expire_run(conn, late.run_id, late.lease_token)
+    # A publication whose lease check was lost: it publishes whatever the lease says.
+    with conn.transaction():
+        execute(
+            conn,
+            "SELECT set_config('inventory.stats_lease_token', %s, true)",
+            (str(late.lease_token),),
+        )
+        execute(
+            conn,
+            "UPDATE user_stats_projection_runs SET phase = 'published' WHERE id = %s",
+            (late.run_id,),
+        )
+    assert invariants.no_lost_claim_acknowledged(conn) == [
+        f"stats run {late.run_id}: published by its worker after the lease ended"
+    ]
