@@ -5,6 +5,7 @@ independent profile oracle, and attempts burned on leases nobody worked under.""
 from __future__ import annotations
 
 import random
+import time
 import uuid
 from collections import Counter
 from datetime import date
@@ -167,37 +168,34 @@ def test_a_second_acknowledgement_of_one_request_is_seen(conn: Connection) -> No
     )
 
 
-def test_events_are_ordered_by_sequence_not_transaction_start(
-    conn: Connection, db_url: str
-) -> None:
-    """A stale worker whose transaction began while its lease was live commits its
-    acknowledgement after another worker re-claimed the request. By transaction start
-    time its write precedes the new claim and looks like the live claim's; in event
-    order it is not."""
+def test_events_are_timed_by_the_clock_not_transaction_start(conn: Connection, db_url: str) -> None:
+    """A worker whose transaction began while its lease was live acknowledges after the
+    lease ran out. By transaction start time (the clock the guards use) the write looks
+    live; by the event clock it is not."""
     _audited(conn)
     lib = f.library(conn)
     f.items(conn, lib, 4)
-    old = _claimed(conn, lib)
-    with connect(db_url) as stale:
-        execute(stale, "BEGIN")
-        execute(stale, "SELECT 1")  # its now() is fixed here, the lease still live
+    claim = _claimed(conn, lib)
+    execute(
+        conn,
+        "UPDATE profile_refresh_requests SET lease_expires_at = clock_timestamp()"
+        " + interval '0.5 second' WHERE id = %s",
+        (claim.request_id,),
+    )
+    with connect(db_url) as late:
+        execute(late, "BEGIN")
+        execute(late, "SELECT 1")  # its now() is fixed here, the lease still live
+        time.sleep(0.8)
+        declare(late, claim.lease_token)
         execute(
-            conn,
-            "UPDATE profile_refresh_requests SET status = 'pending', lease_token = NULL,"
-            " lease_expires_at = NULL WHERE id = %s",
-            (old.request_id,),
-        )
-        [new] = profiles.claim(conn, POLICY).claims
-        declare(stale, old.lease_token)
-        execute(
-            stale,
+            late,
             "UPDATE profile_refresh_requests SET status = 'succeeded', finished_at = now(),"
             " lease_token = NULL, lease_expires_at = NULL WHERE id = %s",
-            (new.request_id,),
+            (claim.request_id,),
         )
-        execute(stale, "COMMIT")
+        execute(late, "COMMIT")
     assert invariants.no_lost_claim_acknowledged(conn) == [
-        f"request {old.request_id}: acknowledged by token {old.lease_token} (not the live claim)"
+        f"request {claim.request_id}: acknowledged by token {claim.lease_token} (lease expired)"
     ]
 
 
