@@ -37,7 +37,7 @@ from inventory_pipeline.provider import admission
 from inventory_pipeline.provider.standin import StandIn
 from inventory_pipeline.provider.tmdb import TmdbClient
 from inventory_pipeline.recovery import service as recovery
-from inventory_pipeline.recovery.models import ProviderSettings
+from inventory_pipeline.recovery.models import ObservationResult, ProviderSettings
 from inventory_pipeline.recovery.policy import RetryPolicy
 from inventory_pipeline.settings import (
     DAGSTER_STORAGE_URL,
@@ -201,6 +201,7 @@ def _status(settings: Settings) -> int:
     with provision(settings) as deployment, connect(deployment.app_url) as conn:
         overview = service.queue_overview(conn)
         due = recovery.due_items(conn)
+        paused = recovery.admission_paused_seconds(conn)
         cases = recovery.case_overview(conn)
         key = recovery.provider_settings(conn)
         wakeup = credentials.status(conn)
@@ -214,6 +215,8 @@ def _status(settings: Settings) -> int:
     print(f"oldest dirty since   {oldest.isoformat() if oldest else '-'}")
     print(f"TMDb key             {'active' if key.usable_key else 'missing or inactive'}")
     print(f"items due to observe {due}")
+    if paused > 0:
+        print(f"TMDb admission       paused {paused:.0f} s more (TMDb throttled)")
     print(f"open recovery cases  {sum(cases.values())} {cases or ''}".rstrip())
     if wakeup is not None:
         state = "verified" if wakeup.verified else (wakeup.last_outcome or "unverified")
@@ -239,6 +242,13 @@ def _status(settings: Settings) -> int:
     return 0
 
 
+def _print_notice(result: ObservationResult) -> None:
+    notice = recovery.notice(result)
+    if notice is not None:
+        level, message = notice
+        print(f"{PROG}: {level}: {message}", file=sys.stderr if level == "warning" else sys.stdout)
+
+
 def _observe(args: argparse.Namespace, settings: Settings) -> int:
     with provision(settings) as deployment:
         with connect(deployment.app_url) as conn:
@@ -250,9 +260,8 @@ def _observe(args: argparse.Namespace, settings: Settings) -> int:
                 RetryPolicy(),
                 max_items=args.limit,
                 workers=settings.observation_workers,
+                on_result=_print_notice,  # as each completion commits
             )
-    for level, message in recovery.notices(summary.results):
-        print(f"{PROG}: {level}: {message}", file=sys.stderr if level == "warning" else sys.stdout)
     print(f"observed {summary.observed} of {len(summary.results)}: {summary.by_category or '-'}")
     return 0
 

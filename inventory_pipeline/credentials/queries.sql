@@ -1,6 +1,7 @@
 -- Every statement of verified credential wakeups (seed 004).
 -- Lock order in every transaction: provider_settings (share) -> credential_wakeups ->
--- media_server_items rows (SKIP LOCKED). lock_timeout is one second.
+-- each item's library (key share) -> media_server_items rows (SKIP LOCKED). lock_timeout
+-- is one second.
 
 -- name: set_lock_timeout
 SET LOCAL lock_timeout = '1s';
@@ -117,7 +118,7 @@ RETURNING b.current;
 -- verification, scanning an indexed keyset from the cursor. Each release records the
 -- generation receipt, a 1-60 s retry jitter and clears the attempt-admission clock; the
 -- diagnostic record, attempts, identity and metadata stay. Locked rows are skipped and
--- revisited after the cursor wraps.
+-- revisited after the cursor wraps; so are the items of a library being deleted.
 WITH scanned AS (
     SELECT i.id
     FROM media_server_items i
@@ -136,6 +137,7 @@ eligible AS (
     WHERE authentication_case_releasable(i, l, m, %(verified_at)s, %(generation)s)
     ORDER BY i.id
     LIMIT %(limit)s
+    FOR KEY SHARE OF l SKIP LOCKED
     FOR UPDATE OF i SKIP LOCKED
 ),
 released AS (

@@ -10,6 +10,7 @@ successful observation resolves a case.
 
 from __future__ import annotations
 
+import math
 import random
 from uuid import uuid4
 
@@ -26,6 +27,7 @@ from inventory_pipeline.provider import admission
 from inventory_pipeline.provider.models import Failure
 from inventory_pipeline.provider.parsing import is_configuration
 from inventory_pipeline.provider.tmdb import TmdbClient, classify
+from inventory_pipeline.recovery.policy import equal_jitter
 
 PROBE_LEASE_SECONDS = 60
 PROBE_DEADLINE_SECONDS = 5.0
@@ -60,10 +62,11 @@ BACKOFF = (BACKOFF_MIN_SECONDS, BACKOFF_MAX_SECONDS)
 def backoff_seconds(
     failures: int, rng: random.Random | None = None, bounds: tuple[int, int] = BACKOFF
 ) -> int:
-    """Jittered backoff between the start and the cap, doubling per failed probe."""
+    """Backoff after a failed probe, `failures` being the earlier failures of this
+    generation: equal jitter between the start and the cap (`bounds`), the window
+    doubling per failure, never under the start or over the cap."""
     start, cap = bounds
-    ceiling = min(cap, start * 2 ** max(failures, 0))
-    return int((rng or random).uniform(start, max(ceiling, start)))
+    return equal_jitter(start, cap, failures + 1, rng)
 
 
 def claim_probe(conn: Connection, lease_seconds: int = PROBE_LEASE_SECONDS) -> ProbeClaim | None:
@@ -91,8 +94,13 @@ def probe(
     conn: Connection, claim: ProbeClaim, client: TmdbClient
 ) -> tuple[ProbeOutcome, int | None]:
     """Check the key against the fixed configuration endpoint, outside any transaction.
-    Provider text is discarded: only an outcome and a bounded Retry-After remain."""
-    admission.acquire(conn)
+    Provider text is discarded: only an outcome and a bounded Retry-After remain. A
+    throttling answer pauses admission for every process; when admission is already
+    paused the probe is not sent and waits out the pause as if throttled itself."""
+    try:
+        admission.acquire(conn)
+    except admission.AdmissionPaused as paused:
+        return "throttled", math.ceil(paused.seconds)
     answer = client.get(
         PROBE_PATH,
         claim.api_key,
@@ -104,7 +112,10 @@ def probe(
     status_code, raw, retry_after = answer
     if status_code == 200:
         return ("verified" if is_configuration(raw) else "invalid_response"), None
-    return _outcome(classify(status_code, raw, retry_after)), retry_after
+    outcome = _outcome(classify(status_code, raw, retry_after))
+    if outcome == "throttled":
+        admission.pause(conn, retry_after)
+    return outcome, retry_after
 
 
 def _outcome(failure: Failure) -> ProbeOutcome:
@@ -140,7 +151,11 @@ def complete_probe(
 def verify(
     conn: Connection, client: TmdbClient, lease_seconds: int = PROBE_LEASE_SECONDS
 ) -> ProbeResult | None:
-    """Claim, probe and complete once; None when no probe is due."""
+    """Claim, probe and complete once; None when no probe is due. Nothing is claimed
+    while the provider's throttling pauses admission: the probe waits without earning a
+    backoff."""
+    if admission.paused_seconds(conn) > 0:
+        return None
     claim = claim_probe(conn, lease_seconds)
     if claim is None:
         return None

@@ -11,6 +11,7 @@ from inventory_pipeline.db.connection import (
     fetch_one,
     fetch_tuples,
     jsonb,
+    savepoint,
     snapshot,
     transaction,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "fetch_one",
     "fetch_tuples",
     "jsonb",
+    "savepoint",
     "snapshot",
     "transaction",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, TypeAlias
+from typing import Any, NoReturn, TypeAlias
 
 import psycopg
 from psycopg import conninfo, errors, sql
@@ -125,6 +125,25 @@ def fetch_tuples(
         return columns, cur.fetchall()
 
 
+class Savepoint:
+    """A savepoint of the caller's transaction (see `savepoint`)."""
+
+    def __init__(self, tx: psycopg.Transaction) -> None:
+        self._tx = tx
+
+    def rollback(self) -> NoReturn:
+        """Undo what the block did, release the locks it took, and leave the block."""
+        raise psycopg.Rollback(self._tx)
+
+
+@contextlib.contextmanager
+def savepoint(conn: Connection) -> Iterator[Savepoint]:
+    """A savepoint inside the caller's transaction (a transaction of its own when
+    there is none); released when the block ends unless rolled back."""
+    with translate_errors(), conn.transaction() as tx:
+        yield Savepoint(tx)
+
+
 @contextlib.contextmanager
 def snapshot(conn: Connection) -> Iterator[Connection]:
     """A read-only REPEATABLE READ transaction: several reads see one snapshot."""
@@ -225,6 +244,7 @@ __all__ = [
     "is_error",
     "jsonb",
     "redact_url",
+    "savepoint",
     "snapshot",
     "transaction",
     "url_with_database",

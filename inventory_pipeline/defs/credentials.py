@@ -12,7 +12,7 @@ import dagster as dg
 from inventory_pipeline.credentials import service
 from inventory_pipeline.credentials.models import short
 from inventory_pipeline.db import DatabaseError
-from inventory_pipeline.defs.resources import InventoryDatabase
+from inventory_pipeline.defs.resources import InventoryDatabase, run_in_flight
 from inventory_pipeline.settings import Settings
 
 QUEUE_TAG = "inventory_pipeline/queue"
@@ -65,7 +65,8 @@ def credential_wakeup() -> None:
     minimum_interval_seconds=60,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="When authentication cases exist and the current key generation is "
-    "unverified (and may be probed) or verified with cases left to release.",
+    "unverified (and may be probed) or verified with cases left to release, and no "
+    "wakeup run is already queued or running.",
 )
 def credential_wakeup_sensor(
     context: dg.SensorEvaluationContext, inventory_db: InventoryDatabase
@@ -79,6 +80,9 @@ def credential_wakeup_sensor(
             f"generation {short(status.generation)}: "
             + ("verified, nothing to release now" if status.verified else "probe not due")
         )
+    if run_in_flight(context.instance, credential_wakeup.name):
+        # A stuck or queued run would only have launches stack up behind it.
+        return dg.SkipReason("a credential wakeup run is already queued or running")
     launch = int(context.cursor or "0") + 1
     context.update_cursor(str(launch))
     return dg.RunRequest(

@@ -17,6 +17,7 @@ from inventory_pipeline.defs.resources import InventoryDatabase, run_in_flight
 from inventory_pipeline.provider import admission
 from inventory_pipeline.provider.tmdb import TmdbClient
 from inventory_pipeline.recovery import service
+from inventory_pipeline.recovery.models import ObservationResult
 from inventory_pipeline.recovery.policy import RetryPolicy
 from inventory_pipeline.settings import Settings
 
@@ -39,6 +40,16 @@ def observe_provider_items(
     settings = Settings.from_env()
     with inventory_db.connection() as conn:
         admission.set_rate(conn, settings.tmdb_rate)
+
+    def report(result: ObservationResult) -> None:
+        # Warnings only after commit, on a new case or a changed cause; one informational
+        # line per recovery. Each is logged as soon as its own completion has committed,
+        # so a run that fails later has still reported every case it opened.
+        notice = service.notice(result)
+        if notice is not None:
+            level, message = notice
+            (context.log.warning if level == "warning" else context.log.info)(message)
+
     with TmdbClient(settings.tmdb_base_url) as client:
         summary = service.observe(
             lambda: connect(inventory_db.url, application_name="inventory_pipeline.observer"),
@@ -46,11 +57,8 @@ def observe_provider_items(
             RetryPolicy(),
             max_items=settings.observation_max_items,
             workers=settings.observation_workers,
+            on_result=report,
         )
-    # seed 003: warnings only after commit (every completion above has committed), on a
-    # new case or a changed cause; one informational line per recovery.
-    for level, message in service.notices(summary.results):
-        (context.log.warning if level == "warning" else context.log.info)(message)
     metadata: dict[str, dg.RawMetadataValue] = {
         "items": len(summary.results),
         "observed": summary.observed,
@@ -76,15 +84,21 @@ def provider_observation() -> None:
     minimum_interval_seconds=10,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Launches an observation run when items are due (never observed, source "
-    "changed, retry due or lease expired) and none is already queued or running.",
+    "changed, retry due or lease expired), admission is not paused by throttling, and "
+    "none is already queued or running.",
 )
 def provider_observation_sensor(
     context: dg.SensorEvaluationContext, inventory_db: InventoryDatabase
 ) -> dg.RunRequest | dg.SkipReason:
     with inventory_db.connection() as conn:
         due = service.due_items(conn)
+        paused = service.admission_paused_seconds(conn) if due else 0.0
     if due == 0:
         return dg.SkipReason("no items due for observation")
+    if paused > 0:
+        return dg.SkipReason(
+            f"{due} items due; admission paused for {paused:.0f} s after TMDb throttled"
+        )
     active = run_in_flight(context.instance, provider_observation.name)
     if active:
         # Only saves a redundant launch; a second run would just find nothing to claim.

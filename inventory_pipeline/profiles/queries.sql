@@ -1,6 +1,13 @@
 -- Every statement of the inventory-driven profile refresh (seed 000).
--- Lock order everywhere: library_inventory_state rows (in library-id order), then
--- profile_refresh_requests rows.
+-- Lock order everywhere: the libraries row (FOR KEY SHARE), then its
+-- library_inventory_state row, then profile_refresh_requests rows, libraries in id
+-- order. Deleting a library locks its row first and then cascades into state, requests
+-- and profiles; the key-share lock is also what the foreign-key check of an insert
+-- takes. Taking it before anything else of the library means a statement either holds
+-- the library (the deletion waits for it) or never touches the library's rows (a
+-- background statement skips it, a waiting one finds it gone). It does not block
+-- ordinary updates of a library (name, active). Statements that touch only request rows
+-- (expire_leases, fail_claim, claim_requests) never wait while holding another lock.
 
 -- name: expire_leases
 -- A running request whose lease ran out goes back to pending (or fails for good on its
@@ -26,7 +33,9 @@ RETURNING r.id, r.library_id, r.status;
 -- seed 000: select the oldest 25 dirty active-library candidates, then lock them in
 -- library-id order with SKIP LOCKED, and queue one inventory_change request each at
 -- the revision seen under the lock. Libraries with active work, or whose latest
--- terminal request failed within the circuit probe interval, wait.
+-- terminal request failed within the circuit probe interval, wait. Each row locks its
+-- library before its state (locking clauses lock in the order they are written); a
+-- library being deleted is skipped.
 WITH candidate AS (
     SELECT s.library_id
     FROM library_inventory_state s
@@ -56,9 +65,11 @@ WITH candidate AS (
 locked AS (
     SELECT s.library_id, s.revision
     FROM library_inventory_state s
+    JOIN libraries l ON l.id = s.library_id
     WHERE s.library_id IN (SELECT library_id FROM candidate)
       AND s.revision > s.acknowledged_revision
     ORDER BY s.library_id
+    FOR KEY SHARE OF l SKIP LOCKED
     FOR UPDATE OF s SKIP LOCKED
 )
 INSERT INTO profile_refresh_requests (library_id, kind, source, reason, inventory_revision)
@@ -71,6 +82,9 @@ RETURNING id, library_id, inventory_revision;
 -- name: plan_native_requests
 -- The existing native-policy discovery: nonempty active libraries with an enabled
 -- policy and active intent whose profile is missing or older than the native age.
+-- Each library is locked (key share) before its request is inserted; a library being
+-- deleted is skipped, so the foreign-key check never waits for a deletion and then
+-- fails the whole batch.
 INSERT INTO profile_refresh_requests (library_id, kind, source, reason)
 SELECT l.id, 'native', %(source)s, %(reason)s
 FROM libraries l
@@ -101,6 +115,7 @@ WHERE l.active
   )
 ORDER BY l.id
 LIMIT %(limit)s
+FOR KEY SHARE OF l SKIP LOCKED
 ON CONFLICT (library_id) WHERE status IN ('pending', 'running') DO NOTHING
 RETURNING id, library_id;
 
@@ -114,24 +129,51 @@ ON CONFLICT (library_id) WHERE status IN ('pending', 'running') DO NOTHING
 RETURNING id;
 
 -- name: lock_states
--- An analyst's backfill locks the libraries' states in library-id order (waiting, not
--- skipping: the analyst asked for these libraries) before touching their requests.
+-- An analyst's backfill locks each library (key share) and then its state, in
+-- library-id order, before touching their requests. Without waiting: the repository
+-- waits for a busy library alone (`wait_for_state`) and tries again, so the backfill
+-- never waits while it holds another library (a deletion of several libraries in one
+-- statement locks them in its own order).
 SELECT s.library_id, s.revision, s.acknowledged_revision, l.active AND m.active AS active
 FROM library_inventory_state s
 JOIN libraries l ON l.id = s.library_id
 JOIN media_servers m ON m.id = l.server_id
 WHERE s.library_id = ANY (%(library_ids)s)
 ORDER BY s.library_id
+FOR KEY SHARE OF l SKIP LOCKED
+FOR UPDATE OF s SKIP LOCKED;
+
+-- name: present_states
+-- The libraries of a backfill that exist (a deletion in flight still shows its library).
+SELECT s.library_id
+FROM library_inventory_state s
+JOIN libraries l ON l.id = s.library_id
+JOIN media_servers m ON m.id = l.server_id
+WHERE s.library_id = ANY (%(library_ids)s)
+ORDER BY s.library_id;
+
+-- name: wait_for_state
+-- Wait until one busy library can be locked: its deletion commits (no row) or rolls
+-- back, or a writer commits. Taken in a savepoint the repository rolls back at once.
+SELECT s.library_id
+FROM library_inventory_state s
+JOIN libraries l ON l.id = s.library_id
+WHERE s.library_id = %(library_id)s
+FOR KEY SHARE OF l
 FOR UPDATE OF s;
 
 -- name: request_backfill
 -- Enqueue an inventory_change at the current revision, or join the active request.
+-- Only for libraries this transaction holds (`lock_states`): one being deleted by
+-- another session is skipped rather than waited for by the foreign-key check.
 WITH inserted AS (
     INSERT INTO profile_refresh_requests (library_id, kind, source, reason, inventory_revision)
     SELECT s.library_id, 'inventory_change', %(source)s, %(reason)s, s.revision
     FROM library_inventory_state s
+    JOIN libraries l ON l.id = s.library_id
     WHERE s.library_id = ANY (%(library_ids)s) AND s.revision > 0
     ORDER BY s.library_id
+    FOR KEY SHARE OF l SKIP LOCKED
     ON CONFLICT (library_id) WHERE status IN ('pending', 'running') DO NOTHING
     RETURNING id, library_id
 )
@@ -202,12 +244,18 @@ WHERE i.library_id = %(library_id)s;
 -- seed 000: complete the claim and acknowledge exactly its requested revision in one
 -- statement, with GREATEST so a late claim cannot move acknowledgement backwards. A
 -- lost claim (other token, expired lease, not running) matches no row and changes
--- nothing. The state row is locked first (lock order state -> request). Publication or
--- the guarded deletion of an empty library's profile happens only with the claim.
+-- nothing. The library (key share) and then its state row are locked first (lock
+-- order library -> state -> request), waiting for a deletion in flight: once the
+-- library is gone nothing matches and the claim is lost, with nothing to acknowledge.
+-- Publication or the guarded deletion of an empty library's profile happens only with
+-- the claim.
 WITH state AS (
-    SELECT s.library_id FROM library_inventory_state s
+    SELECT s.library_id
+    FROM library_inventory_state s
+    JOIN libraries l ON l.id = s.library_id
     WHERE s.library_id = %(library_id)s
-    FOR UPDATE
+    FOR KEY SHARE OF l
+    FOR UPDATE OF s
 ),
 done AS (
     UPDATE profile_refresh_requests r

@@ -14,6 +14,7 @@ from inventory_pipeline.db import (
     fetch_one,
     fetch_tuples,
     jsonb,
+    savepoint,
 )
 from inventory_pipeline.db.queries import load_queries
 from inventory_pipeline.profiles.models import (
@@ -115,7 +116,28 @@ def request_learning_refresh(
 
 
 def lock_states(conn: Connection, library_ids: Sequence[int]) -> list[Row]:
-    return fetch_all(conn, QUERIES["lock_states"], {"library_ids": list(library_ids)})
+    """Lock the libraries and their states for an analyst's backfill, inside the
+    caller's transaction, in library-id order; a deleted library is not returned.
+
+    A library another session holds (a deletion in flight, a writer's open transaction)
+    is waited for, but never while this transaction holds another library: the attempt
+    is rolled back to a savepoint, the busy library is waited for alone, and the attempt
+    repeats. A deletion of several libraries in one statement locks them in its own
+    order, so waiting while holding one could close a cycle with it.
+    """
+    ids = sorted(set(library_ids))
+    while True:
+        with savepoint(conn) as attempt:
+            rows = fetch_all(conn, QUERIES["lock_states"], {"library_ids": ids})
+            held = {r["library_id"] for r in rows}
+            present = fetch_all(conn, QUERIES["present_states"], {"library_ids": ids})
+            busy = [r["library_id"] for r in present if r["library_id"] not in held]
+            if not busy:
+                return rows
+            attempt.rollback()
+        with savepoint(conn) as wait:
+            fetch_all(conn, QUERIES["wait_for_state"], {"library_id": busy[0]})
+            wait.rollback()
 
 
 def request_backfill(conn: Connection, library_ids: Sequence[int]) -> list[BackfillRequest]:

@@ -261,7 +261,14 @@ def backfill(
             del waiting[c.request_id]
             deadline = time.monotonic() + patience
             continue
-        for row in repository.request_outcomes(conn, list(waiting)):
+        outcomes = repository.request_outcomes(conn, list(waiting))
+        for gone in set(waiting) - {row["id"] for row in outcomes}:
+            # The request went with its library (a library or server deletion).
+            results[waiting[gone].library_id] = BackfillResult(
+                waiting[gone].library_id, "failed", error="library deleted"
+            )
+            del waiting[gone]
+        for row in outcomes:
             if row["status"] == "succeeded":
                 results[row["library_id"]] = BackfillResult(
                     row["library_id"], "refreshed_elsewhere"

@@ -10,7 +10,8 @@ has switchable faults so observation and recovery are visible without internet:
     GET    /__standin/stats    arrivals per second
 
 Faults: status (any HTTP status, TMDb error body), throttle (429 + Retry-After),
-slow (delay seconds), drip (body a byte at a time), truncate (promise more than is
+slow (delay seconds), drip (body a byte at a time), drip_headers (status line and
+headers a byte at a time, then a valid configuration body), truncate (promise more than is
 sent, then hang up mid-body), close (hang up without answering), oversize (a body over
 64 KiB), gzip_bomb (a small gzip body that decodes to megabytes), garbage (not JSON),
 cut_json (a complete response whose JSON is cut short), missing (a 200 without required
@@ -104,6 +105,7 @@ class StandInState:
     missing_every: int | None = None  # demo: ids divisible by this are unknown
     fault: Fault | None = None
     arrivals: list[float] = field(default_factory=list)
+    dripped: int = 0  # bytes of a header drip written before the client hung up
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def is_missing(self, kind: str, tmdb_id: int) -> bool:
@@ -201,7 +203,7 @@ class _Handler(BaseHTTPRequestHandler):
             fault = state.fault
         parts = url.path.strip("/").split("/")
         kind = parts[1] if len(parts) == 3 and parts[0] == "3" else None
-        tmdb_id = int(parts[2]) if kind and parts[2].isdigit() else None
+        tmdb_id = int(parts[2]) if kind and parts[2].isascii() and parts[2].isdigit() else None
         if fault is not None and fault.applies(tmdb_id) and self._fault(fault):
             return
         key = parse_qs(url.query).get("api_key", [None])[0]
@@ -246,6 +248,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(bytes([byte]))
                 self.wfile.flush()
                 time.sleep(fault.delay or 0.5)
+        elif fault.fault == "drip_headers":
+            self._drip_headers(json.dumps(CONFIGURATION).encode(), fault.delay or 1.0)
         elif fault.fault == "body":
             self._send(200, (fault.body or "").encode("utf-8", "surrogatepass"))
         elif fault.fault == "cut_json":
@@ -270,6 +274,25 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             return False
         return True
+
+    def _drip_headers(self, payload: bytes, delay: float) -> None:
+        """Every read of the client gets a byte, so only a deadline over the whole
+        request (not a per-read timeout) ends the wait."""
+        head = (
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json;charset=utf-8\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n"
+        ).encode()
+        self.close_connection = True
+        for byte in head:
+            try:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+            except OSError:
+                return  # the client hung up
+            with self.server.state.lock:
+                self.server.state.dripped += 1
+            time.sleep(delay)
+        self.wfile.write(payload)
 
 
 class _Server(ThreadingHTTPServer):

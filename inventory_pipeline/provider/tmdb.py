@@ -18,6 +18,8 @@ import httpx
 from inventory_pipeline.provider.models import Failure, FetchResult, ProviderKind
 from inventory_pipeline.provider.parsing import InvalidResponse, parse_body, tmdb_status_code
 from inventory_pipeline.provider.retry_after import MAX_RETRY_AFTER_SECONDS, parse_retry_after
+from inventory_pipeline.provider.transport import DeadlineTransport
+from inventory_pipeline.provider.transport import deadline as request_deadline
 
 DEFAULT_BASE_URL = "https://api.themoviedb.org"
 MAX_BODY_BYTES = 512 * 1024
@@ -96,8 +98,9 @@ def classify(status: int, raw: bytes, retry_after: int | None) -> Failure:
 
 
 class TmdbClient:
-    """One pooled HTTP client; safe to share between threads. `timeout_seconds` bounds
-    each network operation and the whole request."""
+    """One pooled HTTP client; safe to share between threads. `timeout_seconds` is the
+    whole request's wall-clock deadline: connect, TLS, the status line, headers and
+    body together (see `transport`), not a timeout per read."""
 
     def __init__(
         self,
@@ -113,7 +116,7 @@ class TmdbClient:
         self._client = httpx.Client(
             base_url=self.base_url,
             timeout=httpx.Timeout(timeout_seconds),
-            transport=transport,
+            transport=transport or DeadlineTransport(),
             follow_redirects=False,
             headers={"Accept": "application/json"},
         )
@@ -143,7 +146,10 @@ class TmdbClient:
             params["language"] = language
         deadline = time.monotonic() + self.timeout_seconds
         try:
-            with self._client.stream("GET", path, params=params) as response:
+            with (
+                request_deadline(self.timeout_seconds),
+                self._client.stream("GET", path, params=params) as response,
+            ):
                 raw = read_limited(response.iter_bytes(), limit or self.max_body_bytes, deadline)
                 retry_after = parse_retry_after(
                     response.headers.get("retry-after"), cap_seconds=retry_after_cap_seconds

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
@@ -10,6 +11,21 @@ from uuid import UUID
 from inventory_pipeline.provider.models import Category, ProviderKind
 
 Transition = Literal["opened", "cause_changed", "repeated", "resolved"]
+
+TMDB_ID_MAX = 2**31 - 1  # TMDb's API reference types every movie/TV id as int32
+# `[0-9]` in a str pattern is the ten ASCII digits only (`\d` would take any Unicode
+# digit); fullmatch, because `$` would also match before a trailing newline.
+_TMDB_ID = re.compile(r"[1-9][0-9]{0,9}")
+
+
+def tmdb_id_of(provider_id: str) -> int | None:
+    """The TMDb id a typed identity names, or None when it names none: ASCII digits, no
+    sign, whitespace or leading zero, 1 to 2147483647. The same rule as the database's
+    `tmdb_id_of(text)`; a test holds the two to identical answers. Never raises."""
+    if not _TMDB_ID.fullmatch(provider_id):
+        return None
+    value = int(provider_id)
+    return value if value <= TMDB_ID_MAX else None
 
 
 @dataclass(frozen=True)
@@ -40,11 +56,8 @@ class ItemClaim:
 
     @property
     def tmdb_id(self) -> int | None:
-        """The numeric TMDb id, or None when the typed identity is unusable."""
-        text = self.provider_id.strip()
-        if not text.isdigit() or len(text) > 10:
-            return None
-        return int(text)
+        """The numeric TMDb id, or None when the typed identity names none."""
+        return tmdb_id_of(self.provider_id)
 
     @property
     def next_attempt(self) -> int:
@@ -53,17 +66,31 @@ class ItemClaim:
 
 
 @dataclass(frozen=True)
+class Deferred:
+    """The request was never sent: admission is paused because the provider throttled
+    (or had no slot in time). The claim goes back without counting an attempt."""
+
+    paused_seconds: float
+
+
+Outcome = Literal["observed", "failed", "lost", "deferred", "error"]
+
+
+@dataclass(frozen=True)
 class ObservationResult:
-    """What one attempt did; warnings are emitted from this after commit."""
+    """What one attempt did; warnings are emitted from this after commit. `error` is the
+    class name of an exception the attempt raised (never its message, which could carry
+    provider text); "error" as the outcome means nothing could be recorded."""
 
     item_id: int
-    outcome: Literal["observed", "failed", "lost"]
+    outcome: Outcome
     category: Category | None = None
     transition: Transition | None = None
     case_id: UUID | None = None
     attempts: int = 0
     next_attempt_at: datetime | None = None
     previous_category: Category | None = None
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -78,9 +105,7 @@ class ObservationSummary:
     def by_category(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for r in self.results:
-            key = "observed" if r.outcome == "observed" else (r.category or r.outcome)
-            if r.outcome == "lost":
-                key = "lost"
+            key = r.category if r.outcome == "failed" and r.category else r.outcome
             counts[key] = counts.get(key, 0) + 1
         return counts
 

@@ -24,6 +24,8 @@ WHERE i.provider = 'tmdb'
 -- name: claim_due
 -- seed 003: compare-and-set claim before provider I/O, each item under a fresh UUID
 -- and a five-minute lease; SKIP LOCKED so concurrent observers never double-claim.
+-- Each item's library is locked first (key share, the lock order of every statement
+-- that reaches a library's rows): the items of a library being deleted are skipped.
 -- Returns the source snapshot the completion is bound to.
 WITH due AS (
     SELECT i.id
@@ -37,6 +39,7 @@ WITH due AS (
       AND l.active AND m.active AND l.media_kind IN ('movie', 'tv')
     ORDER BY i.observation_due_at, i.id
     LIMIT %(limit)s
+    FOR KEY SHARE OF l SKIP LOCKED
     FOR UPDATE OF i SKIP LOCKED
 )
 UPDATE media_server_items i
@@ -51,13 +54,23 @@ RETURNING i.id, i.provider_kind, i.provider_id, i.source_generation, i.observati
 -- seed 003: one guarded statement saves the validated observation, resolves an open
 -- case, sets the recheck deadline, releases the lease and counts the attempt. Only the
 -- current lease token and source generation match. The observed original language
--- flows into the profile projection through the ordinary change capture.
-WITH before AS (
+-- flows into the profile projection through the ordinary change capture, which locks
+-- the library's inventory state: so the library is locked first (key share; lock order
+-- library -> item -> state), waiting for a deletion in flight, after which nothing
+-- matches and the attempt is lost.
+WITH library AS (
+    SELECT l.id
+    FROM libraries l
+    WHERE l.id = (SELECT library_id FROM media_server_items WHERE id = %(item_id)s)
+    FOR KEY SHARE
+),
+before AS (
     SELECT id, recovery_case_id, recovery_resolved_at, recovery_category, recovery_attempts
     FROM media_server_items
     WHERE id = %(item_id)s
       AND observation_lease_token = %(lease_token)s
       AND source_generation = %(source_generation)s
+      AND EXISTS (SELECT FROM library)
     FOR UPDATE
 ),
 item AS (
@@ -151,6 +164,18 @@ SELECT item.id, item.recovery_case_id AS case_id, item.recovery_attempts AS atte
        before.recovery_case_id IS NULL OR before.recovery_resolved_at IS NOT NULL AS opened,
        before.recovery_category AS previous_category
 FROM item, before;
+
+-- name: release_claim
+-- A claim whose request was never sent (admission paused or refused) goes back as it
+-- came: lease cleared, no attempt counted, no case touched, due time unchanged, so the
+-- item is first in line when admission resumes. Only the current lease token matches.
+UPDATE media_server_items
+SET observation_lease_token = NULL,
+    observation_lease_expires_at = NULL
+WHERE id = %(item_id)s
+  AND observation_lease_token = %(lease_token)s
+  AND source_generation = %(source_generation)s
+RETURNING id;
 
 -- name: overdue_cases
 -- Open cases past their deadline by more than the grace with no live attempt: the

@@ -90,6 +90,10 @@ def complete_failed(
     )
 
 
+def release_claim(conn: Connection, claim: ItemClaim) -> bool:
+    return fetch_one(conn, QUERIES["release_claim"], _guard(claim)) is not None
+
+
 def overdue_cases(conn: Connection, grace_seconds: int, limit: int = 20) -> list[OverdueCase]:
     rows = fetch_all(
         conn, QUERIES["overdue_cases"], {"grace_seconds": grace_seconds, "limit": limit}

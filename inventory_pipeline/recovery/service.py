@@ -2,22 +2,26 @@
 
 claim (compare-and-set, fresh UUID, five-minute lease) -> admission -> provider I/O with
 no transaction open -> one guarded completion statement -> warnings after commit.
+A throttling answer pauses admission for the whole fleet; a claim admission refuses is
+given back unsent.
 """
 
 from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import replace
 from typing import Literal
 
-from inventory_pipeline.db import Connection
+from inventory_pipeline.db import Connection, DatabaseUnavailable
 from inventory_pipeline.provider import admission
 from inventory_pipeline.provider.models import Failure, FetchResult, Observation
 from inventory_pipeline.provider.tmdb import TmdbClient
 from inventory_pipeline.recovery import repository
 from inventory_pipeline.recovery.models import (
+    Deferred,
     ItemClaim,
     ObservationResult,
     ObservationSummary,
@@ -46,28 +50,48 @@ def claim(conn: Connection, limit: int, lease_seconds: int = LEASE_SECONDS) -> l
     return repository.claim_due(conn, limit, lease_seconds)
 
 
+def admission_paused_seconds(conn: Connection) -> float:
+    """How long the provider's throttling keeps admission paused (0: it is not)."""
+    return admission.paused_seconds(conn)
+
+
 def fetch(
     conn: Connection, claim: ItemClaim, client: TmdbClient, settings: ProviderSettings
-) -> FetchResult:
-    """Provider I/O for one claim: admission first, no transaction or lock held."""
+) -> FetchResult | Deferred:
+    """Provider I/O for one claim: admission first, no transaction or lock held. An
+    identity that names no TMDb record is a missing identity and is never sent. A
+    throttling answer pauses admission for every process; a claim admission refuses
+    comes back Deferred, unsent."""
     tmdb_id = claim.tmdb_id
     if tmdb_id is None:
-        return Failure("not_found")  # the typed identity cannot name a TMDb record
+        return Failure("not_found")
     key = settings.usable_key
     if key is None:
         return Failure("configuration")
-    admission.acquire(conn)
-    return client.fetch(claim.provider_kind, tmdb_id, key, settings.language)
+    try:
+        admission.acquire(conn)
+    except admission.AdmissionPaused as paused:
+        return Deferred(paused.seconds)
+    except admission.AdmissionTimeout:
+        return Deferred(0.0)
+    result = client.fetch(claim.provider_kind, tmdb_id, key, settings.language)
+    if isinstance(result, Failure) and result.category == "throttled":
+        admission.pause(conn, result.retry_after_seconds)
+    return result
 
 
 def complete(
     conn: Connection,
     claim: ItemClaim,
-    result: FetchResult,
+    result: FetchResult | Deferred,
     policy: RetryPolicy,
     rng: random.Random | None = None,
 ) -> ObservationResult:
-    """Record the attempt in one guarded statement; a stale claim changes nothing."""
+    """Record the attempt in one guarded statement; a stale claim changes nothing. A
+    deferred claim goes back without an attempt."""
+    if isinstance(result, Deferred):
+        released = repository.release_claim(conn, claim)
+        return ObservationResult(claim.item_id, "deferred" if released else "lost")
     if isinstance(result, Observation):
         row = repository.complete_observed(conn, claim, result, policy.refresh_seconds)
         if row is None:
@@ -111,7 +135,18 @@ def observe_claim(
     settings: ProviderSettings,
     policy: RetryPolicy,
 ) -> ObservationResult:
-    return complete(conn, claim, fetch(conn, claim, client, settings), policy)
+    """One attempt, start to finish. Any exception but a lost database session is a
+    defect in handling this item's answer or storing it: the attempt is recorded as an
+    invalid_response (a day's backoff like any response problem, a warning naming the
+    exception class), so the item neither fails the run nor comes back first as soon as
+    its lease runs out. A lost session leaves the claim to its lease."""
+    try:
+        return complete(conn, claim, fetch(conn, claim, client, settings), policy)
+    except DatabaseUnavailable:
+        raise
+    except Exception as exc:
+        recorded = complete(conn, claim, Failure("invalid_response"), policy)
+        return replace(recorded, error=type(exc).__name__)
 
 
 def observe(
@@ -120,10 +155,14 @@ def observe(
     policy: RetryPolicy,
     max_items: int = 2000,
     workers: int = 8,
+    on_result: Callable[[ObservationResult], None] | None = None,
 ) -> ObservationSummary:
-    """Claim and observe due items in batches until none are due or `max_items` is
-    reached. Each worker thread has its own connection; the run holds no lock or
-    transaction across any HTTP request."""
+    """Claim and observe due items in batches until none are due, `max_items` is
+    reached or admission is paused (unclaimed items stay due for the next run). Each
+    worker thread has its own connection; the run holds no lock or transaction across
+    any HTTP request. One item's exception ends that item alone. `on_result` runs in
+    the caller's thread as soon as each attempt's completion has committed, so a run
+    that dies later has already reported every case it committed."""
     results: list[ObservationResult] = []
     local = threading.local()
     connections: list[Connection] = []
@@ -138,18 +177,41 @@ def observe(
                 connections.append(conn)
         return conn
 
+    def forget_worker_conn() -> None:
+        conn: Connection | None = getattr(local, "conn", None)
+        local.conn = None
+        if conn is not None:
+            with lock:
+                connections.remove(conn)
+            conn.close()
+
+    def run(c: ItemClaim, settings: ProviderSettings) -> ObservationResult:
+        try:
+            return observe_claim(worker_conn(), c, client, settings, policy)
+        except Exception as exc:
+            if isinstance(exc, DatabaseUnavailable):
+                forget_worker_conn()  # the next item of this thread opens a fresh session
+            return ObservationResult(c.item_id, "error", error=type(exc).__name__)
+
     try:
         with connect() as main, ThreadPoolExecutor(max_workers=workers) as pool:
             while len(results) < max_items:
+                if admission.paused_seconds(main) > 0:
+                    break  # the provider throttled: take nothing until the pause ends
                 settings = repository.provider_settings(main)
                 batch = claim(main, min(workers * 4, max_items - len(results)))
                 if not batch:
                     break
-
-                def run(c: ItemClaim, s: ProviderSettings = settings) -> ObservationResult:
-                    return observe_claim(worker_conn(), c, client, s, policy)
-
-                results.extend(pool.map(run, batch))
+                futures = [pool.submit(run, c, settings) for c in batch]
+                outcomes = set()
+                for future in as_completed(futures):
+                    result = future.result()
+                    results.append(result)
+                    outcomes.add(result.outcome)
+                    if on_result is not None:
+                        on_result(result)
+                if outcomes == {"error"}:
+                    break  # nothing of the batch could be recorded: claim no more
     finally:
         for conn in connections:
             conn.close()
@@ -161,21 +223,28 @@ Level = Literal["warning", "info"]
 
 def notice(result: ObservationResult) -> tuple[Level, str] | None:
     """The message an attempt deserves, if any (seed 003: a warning only on a new case
-    or a changed cause; one informational transition on recovery). Allowlisted fields
-    only: item id, case id, category, attempts, next attempt."""
+    or a changed cause; one informational transition on recovery; a warning when an
+    attempt could not be recorded at all). Allowlisted fields only: item id, case id,
+    category, attempts, next attempt, an exception's class name."""
     due = result.next_attempt_at.isoformat(timespec="seconds") if result.next_attempt_at else "-"
     case = str(result.case_id)[:8] if result.case_id else "-"
+    cause = f"{result.category}, after {result.error}" if result.error else result.category
+    if result.outcome == "error":
+        return (
+            "warning",
+            f"item {result.item_id}: attempt not recorded ({result.error}); "
+            "retried when its lease expires",
+        )
     if result.transition == "opened":
         return (
             "warning",
-            f"item {result.item_id}: recovery case {case} opened ({result.category}); "
-            f"next attempt {due}",
+            f"item {result.item_id}: recovery case {case} opened ({cause}); next attempt {due}",
         )
     if result.transition == "cause_changed":
         return (
             "warning",
             f"item {result.item_id}: recovery case {case} cause changed "
-            f"{result.previous_category} -> {result.category} after {result.attempts} "
+            f"{result.previous_category} -> {cause} after {result.attempts} "
             f"attempts; next attempt {due}",
         )
     if result.transition == "resolved":
@@ -193,7 +262,3 @@ def overdue_cases(conn: Connection, grace_seconds: int = 900) -> list[OverdueCas
 
 def case_overview(conn: Connection) -> dict[str, int]:
     return repository.case_overview(conn)
-
-
-def notices(results: Sequence[ObservationResult]) -> list[tuple[Level, str]]:
-    return [n for n in (notice(r) for r in results) if n is not None]

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from inventory_pipeline.db import connect, execute
+
 
 def run(
     args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None
@@ -102,6 +104,15 @@ def test_tmdb_key_from_stdin_then_observe(db_url: str, tmp_path: Path) -> None:
         status = run(["status"], env)
         assert "TMDb key             active" in status.stdout
         assert "open recovery cases" in status.stdout
+        assert "TMDb admission" not in status.stdout
+        # A throttling answer pauses admission: the operator sees for how long.
+        standin.set_fault("throttle", retry_after="600")
+        with connect(db_url) as conn:
+            execute(conn, "UPDATE media_server_items SET observation_due_at = now()")
+        throttled = run(["observe", "--limit", "50"], env)
+        assert throttled.returncode == 0, throttled.stderr
+        status = run(["status"], env)
+        assert "TMDb admission       paused" in status.stdout
 
 
 def test_bad_key_input_is_refused(db_url: str) -> None:

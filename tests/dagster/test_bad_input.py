@@ -39,8 +39,8 @@ def failure_message(result: dg.ExecuteInProcessResult) -> str:
     [
         (
             profile_defs.library_profile_refresh,
-            {"ops": {"refresh_claimed_profiles": {"config": {"lease_token": HOSTILE_KEY}}}},
-            "lease_token must be a UUID",
+            {"ops": {"refresh_claimed_profiles": {"config": {"max_claims": 0}}}},
+            "max_claims must be positive",
         ),
         (
             stats_defs.stats_rebuild,
@@ -53,7 +53,7 @@ def failure_message(result: dg.ExecuteInProcessResult) -> str:
             "max_rounds must be at least 1",
         ),
     ],
-    ids=["refresh-token", "rebuild-users", "drain-rounds"],
+    ids=["refresh-claims", "rebuild-users", "drain-rounds"],
 )
 def test_bad_run_config_fails_in_one_line_and_changes_nothing(
     conn: Connection,

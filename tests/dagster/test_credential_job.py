@@ -85,10 +85,11 @@ def test_key_absent_everywhere_after_a_probe_storm(
         f.provider_key(conn, key)
         for fault, options in faults:
             standin.set_fault(fault, **options)
-            # The test clock: whatever backoff the last probe earned has passed.
+            # The test clock: whatever backoff or pause the last probe earned has passed.
             execute(
                 conn, "UPDATE credential_wakeups SET next_probe_at = NULL, throttled_until = NULL"
             )
+            execute(conn, "UPDATE provider_admission SET paused_until = NULL")
             result = wake_defs.credential_wakeup.execute_in_process(
                 instance=instance, resources={"inventory_db": db}
             )
@@ -106,3 +107,21 @@ def test_key_absent_everywhere_after_a_probe_storm(
             for entry in instance.all_logs(run.run_id):
                 assert key not in str(entry)
         assert f.tables_containing(conn, key) == []
+
+
+def test_sensor_never_stacks_runs_behind_one_in_flight(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    f.provider_key(conn, TMDB_TEST_KEY)
+    f.auth_cases(conn, f.library(conn), 3)
+    context = dg.build_sensor_context(
+        instance=instance, resources={"inventory_db": InventoryDatabase(url=db_url)}
+    )
+    assert isinstance(wake_defs.credential_wakeup_sensor(context), dg.RunRequest)
+    stuck = instance.create_run_for_job(
+        wake_defs.credential_wakeup, status=dg.DagsterRunStatus.STARTED
+    )
+    skip = wake_defs.credential_wakeup_sensor(context)
+    assert isinstance(skip, dg.SkipReason) and "already" in str(skip.skip_message)
+    instance.report_run_failed(stuck)
+    assert isinstance(wake_defs.credential_wakeup_sensor(context), dg.RunRequest)

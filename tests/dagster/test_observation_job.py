@@ -4,12 +4,15 @@ database column other than its own setting."""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from collections.abc import Iterator
 
 import dagster as dg
 import pytest
 
-from inventory_pipeline.db import Connection, fetch_all
+from inventory_pipeline.db import Connection, connect, fetch_all
 from inventory_pipeline.defs import observation as obs_defs
 from inventory_pipeline.defs.resources import InventoryDatabase
 from inventory_pipeline.provider.standin import StandIn
@@ -98,7 +101,9 @@ def test_key_absent_everywhere_after_a_failure_storm(
         f.provider_key(conn, key)
         for fault, options in [*faults, ("none", {})]:
             tmdb_env.set_fault(fault, **options)
+            # The test clock: retry deadlines and any throttling pause have passed.
             conn.execute("UPDATE media_server_items SET observation_due_at = now()")
+            conn.execute("UPDATE provider_admission SET paused_until = NULL")
             assert run_job(instance, db_url).success
             categories |= {
                 r["recovery_category"]
@@ -117,3 +122,88 @@ def test_key_absent_everywhere_after_a_failure_storm(
                 assert key not in str(entry)
             assert key not in str(run.run_config)
         assert f.tables_containing(conn, key) == []
+
+
+def warnings_in(instance: dg.DagsterInstance, run_id: str) -> list[str]:
+    return [
+        e.user_message
+        for e in instance.all_logs(run_id)
+        if e.level == logging.WARNING and "recovery case" in e.user_message
+    ]
+
+
+def test_malformed_identity_does_not_fail_the_run(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance, tmdb_env: StandIn
+) -> None:
+    f.provider_key(conn, TMDB_TEST_KEY)
+    lib = f.library(conn)
+    for tmdb_id in range(1, 6):
+        f.tmdb_item(conn, lib, tmdb_id)
+    poison = f.tmdb_item(conn, lib, 1)
+    conn.execute("UPDATE media_server_items SET provider_id = '²' WHERE id = %s", (poison,))
+    result = run_job(instance, db_url)
+    assert result.success
+    assert result.output_for_node("observe_provider_items") == 5
+    [warning] = warnings_in(instance, result.run_id)
+    assert f"item {poison}:" in warning and "not_found" in warning
+    row = f.item(conn, poison)
+    assert row["recovery_category"] == "not_found" and row["observation_lease_token"] is None
+
+
+def test_warnings_are_logged_as_cases_commit_even_if_the_run_dies(
+    conn: Connection,
+    db_url: str,
+    instance: dg.DagsterInstance,
+    tmdb_env: StandIn,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The run's sessions are ended while its second batch waits on a slow answer: the
+    run fails, yet every case it committed was logged as a warning."""
+    monkeypatch.setenv("INVENTORY_OBSERVATION_WORKERS", "1")  # batches of four
+    f.provider_key(conn, TMDB_TEST_KEY)
+    lib = f.library(conn)
+    for tmdb_id in range(1, 9):
+        f.tmdb_item(conn, lib, tmdb_id)
+        tmdb_env.set_available("movie", tmdb_id, False)
+    tmdb_env.set_fault("slow", delay=3.0, ids=[5])
+
+    def end_sessions_during_the_slow_answer() -> None:
+        while len(tmdb_env.state.arrivals) < 5:
+            time.sleep(0.01)
+        with connect(db_url) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = 'inventory_pipeline.observer'"
+            )
+
+    killer = threading.Thread(target=end_sessions_during_the_slow_answer, daemon=True)
+    killer.start()
+    result = obs_defs.provider_observation.execute_in_process(
+        instance=instance,
+        resources={"inventory_db": InventoryDatabase(url=db_url)},
+        raise_on_error=False,
+    )
+    killer.join(timeout=10)
+    assert not result.success
+    cases = fetch_all(conn, "SELECT id FROM media_server_items WHERE recovery_case_id IS NOT NULL")
+    assert len(cases) >= 4
+    warned = warnings_in(instance, result.run_id)
+    for case in cases:
+        assert any(w.startswith(f"item {case['id']}:") for w in warned)
+
+
+def test_sensor_waits_while_admission_is_paused(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    f.provider_key(conn, TMDB_TEST_KEY)
+    f.tmdb_item(conn, f.library(conn), 1)
+    conn.execute(
+        "UPDATE provider_admission SET paused_until = clock_timestamp() + interval '1 minute'"
+    )
+    context = dg.build_sensor_context(
+        instance=instance, resources={"inventory_db": InventoryDatabase(url=db_url)}
+    )
+    skip = obs_defs.provider_observation_sensor(context)
+    assert isinstance(skip, dg.SkipReason) and "paused" in str(skip.skip_message)
+    conn.execute("UPDATE provider_admission SET paused_until = NULL")
+    assert isinstance(obs_defs.provider_observation_sensor(context), dg.RunRequest)

@@ -179,7 +179,10 @@ def test_throttle_survives_a_key_edit(
     save(conn, "edited-key")
     save(conn, TMDB_TEST_KEY)
     assert service.claim_probe(conn) is None  # editing settings is not a throttle bypass
+    # The test clock: the Retry-After has passed, for the probe and for the fleet's
+    # admission, which the same answer paused.
     execute(conn, "UPDATE credential_wakeups SET throttled_until = now() - interval '1s'")
+    execute(conn, "UPDATE provider_admission SET paused_until = now() - interval '1s'")
     verified(conn, client)
 
 

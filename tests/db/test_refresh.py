@@ -484,3 +484,23 @@ def test_runs_and_backfills_hold_a_lease_only_on_work_begun(conn: Connection, db
     results = service.backfill(conn, libs, POLICY, generate=watching)
     assert [r.status for r in results] == ["refreshed"] * 4
     assert leased == [1, 1, 1, 1]
+
+
+def test_backfill_of_a_library_deleted_midway_ends_at_once(conn: Connection, db_url: str) -> None:
+    """A library deleted after the backfill enqueued it takes its request along: the
+    backfill reports it deleted instead of waiting for a request that no longer exists."""
+    srv = f.server(conn)
+    first, doomed = f.library(conn, srv, name="first"), f.library(conn, srv, name="doomed")
+    f.items(conn, first, 6)
+    f.items(conn, doomed, 6)
+
+    def deleting(frame: pd.DataFrame) -> dict[str, Any]:
+        with connect(db_url) as other:
+            execute(other, "DELETE FROM libraries WHERE id = %s", (doomed,))
+        return generate_profile(frame)
+
+    results = service.backfill(conn, [first, doomed], POLICY, wait_seconds=30, generate=deleting)
+    assert [(r.library_id, r.status, r.error) for r in results] == [
+        (first, "refreshed", None),
+        (doomed, "failed", "library deleted"),
+    ]

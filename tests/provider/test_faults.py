@@ -144,7 +144,7 @@ def test_each_fault_is_one_attempt_and_one_bounded_retry(
         (item,),
     )
     assert row is not None and row["lease"] is None
-    assert POLICY.floor_seconds - 1 <= row["wait"] <= POLICY.cap_seconds
+    assert POLICY.base(category) - 1 <= row["wait"] <= POLICY.cap_seconds  # type: ignore[arg-type]
     if options.get("retry_after") == "7200":
         assert row["wait"] >= 7200 - 1  # a valid Retry-After only lengthens the delay
     assert recovery.claim(conn, 10) == []  # not due again: no retry loop
