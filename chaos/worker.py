@@ -29,6 +29,7 @@ from inventory_pipeline.credentials import service as credentials
 from inventory_pipeline.db import Connection, connect, execute
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.profiles.generator import generate_profile
+from inventory_pipeline.provider.models import FetchResult
 from inventory_pipeline.provider.tmdb import TmdbClient
 from inventory_pipeline.recovery import service as recovery
 from inventory_pipeline.stats import maintenance, processors
@@ -79,18 +80,32 @@ def refresher(conn: Connection) -> bool:
     return bool(batch.claims)
 
 
+class StallingClient(TmdbClient):
+    """The product's client, now and then stalling past the lease after the answer: the
+    item is due again at once and another observer may take it, so the completion that
+    follows must find its claim lost and change nothing."""
+
+    def fetch(self, *args: Any, **kwargs: Any) -> FetchResult:
+        result = super().fetch(*args, **kwargs)
+        if random.random() < 0.05:
+            stall()
+        return result
+
+
 def observer(provider_url: str) -> Step:
-    client = TmdbClient(provider_url, timeout_seconds=1.0, max_body_bytes=64 * 1024)
+    """What an observation run does, one batch per step through the same service calls
+    (take nothing while the provider's throttling pauses admission; one attempt per
+    claim), with each claim's token declared for the audit."""
+    client = StallingClient(provider_url, timeout_seconds=1.0, max_body_bytes=64 * 1024)
 
     def step(conn: Connection) -> bool:
+        if recovery.admission_paused_seconds(conn) > 0:
+            return False
         claims = recovery.claim(conn, 4, LEASE_SECONDS)
+        settings = recovery.provider_settings(conn)
         for claim in claims:
-            settings = recovery.provider_settings(conn)
-            result = recovery.fetch(conn, claim, client, settings)
-            if random.random() < 0.05:
-                stall()  # the item is due again at once: another observer may take it
             declare(conn, claim.lease_token)
-            recovery.complete(conn, claim, result, RETRY_POLICY)
+            recovery.observe_claim(conn, claim, client, settings, RETRY_POLICY)
         return bool(claims)
 
     return step
@@ -103,7 +118,9 @@ def prober(provider_url: str) -> Step:
     client = credentials.probe_client(provider_url)
 
     def step(conn: Connection) -> bool:
-        claim = credentials.claim_probe(conn, lease_seconds=LEASE_SECONDS)
+        claim = None
+        if recovery.admission_paused_seconds(conn) <= 0:  # as verify(): wait out a pause
+            claim = credentials.claim_probe(conn, lease_seconds=LEASE_SECONDS)
         if claim is not None:
             outcome, retry_after = credentials.probe(conn, claim, client)
             if random.random() < 0.05:
