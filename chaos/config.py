@@ -51,8 +51,13 @@ WRONG_KEY = "chaos-wrong-key-9a8b7c"
 WAKEUP_RELEASE_LIMIT = 100
 WAKEUP_SPACING_SECONDS = 2
 WAKEUP_BACKOFF_SECONDS = (1, 4)
-# Authentication cases loaded at setup: more than one batch, so the spacing is tested.
+# Authentication cases loaded at setup and again at this fraction of the run: more than
+# one batch, so the spacing is tested.
 AUTH_BACKLOG_CASES = 130
+AUTH_BACKLOG_AT = 0.5
+# The chaos begins once the setup's backlog went out in two batches (one spacing after
+# the first verification), or after this long.
+WAKEUP_WARMUP_SECONDS = 30
 # The release jitter (1-60 s, fixed in SQL by the seed) is the longest legitimate wait
 # of a released case.
 RELEASE_JITTER_SECONDS = 60

@@ -28,6 +28,7 @@ from pathlib import Path
 from chaos import invariants, oracle
 from chaos.config import (
     API_KEY,
+    AUTH_BACKLOG_AT,
     BACKLOG_AT,
     DAEMON_FIRST_ACK_SECONDS,
     EXPECTED_SQLSTATE_CLASSES,
@@ -50,6 +51,7 @@ from chaos.config import (
     TERMINATE_CHANCE,
     WAKEUP_RELEASE_LIMIT,
     WAKEUP_SPACING_SECONDS,
+    WAKEUP_WARMUP_SECONDS,
     WORKERS,
     WRONG_KEY,
 )
@@ -541,9 +543,11 @@ def _chaos(
 ) -> None:
     for worker in harness.workers:
         harness.start(worker)
+    _first_wakeups(harness.url, WAKEUP_WARMUP_SECONDS)
     total = max(1, int(seconds * OPS_PER_SECOND))
     restarts = {int(total * at) for at in RESTART_AT} if harness.server.restartable else set()
     backlog, storm = int(total * BACKLOG_AT), int(total * STORM_AT)
+    auth_backlog = int(total * AUTH_BACKLOG_AT)
     started = time.monotonic()
     admin = connect(harness.url, application_name="chaos.harness")
     try:
@@ -552,6 +556,8 @@ def _chaos(
                 workload.apply("backlog", workload.backlog)
             if op == storm:
                 workload.apply("throttle_storm", workload.throttle_storm)
+            if op == auth_backlog:
+                workload.apply("auth_backlog", workload.auth_backlog)
             workload.step()
             roll = schedule.random()
             target = schedule.choice(harness.workers)
@@ -578,6 +584,19 @@ def _chaos(
         admin.close()
     workload.end_storm()
     harness.resume_all()
+
+
+def _first_wakeups(url: str, timeout: float) -> None:
+    """Before the chaos, the setup's authentication backlog is verified and released in
+    two batches (a truncate during the chaos could otherwise wipe it untested); later
+    backlogs and key changes are woken under the chaos."""
+    started = time.monotonic()
+    with connect(url, application_name="chaos.harness") as conn:
+        while time.monotonic() - started < timeout:
+            row = fetch_one(conn, "SELECT count(DISTINCT batch) AS n FROM chaos_wakeup_releases")
+            if row is not None and row["n"] >= 2:
+                return
+            time.sleep(0.5)
 
 
 def _rebuild_and_compare(conn: Connection, harness: Harness) -> list[str]:
