@@ -130,6 +130,7 @@ class Report:
     audit: dict[str, int] = field(default_factory=dict)
     worker_errors: Counter[str] = field(default_factory=Counter)
     quiesce_seconds: float = 0.0
+    waited: dict[str, float] = field(default_factory=dict)  # kind -> last outstanding at
     dirty_seconds: float = 0.0
     storms: list[int] = field(default_factory=list)
     dagster_runs: Counter[str] = field(default_factory=Counter)
@@ -155,7 +156,9 @@ class Report:
             f"audit: {self.audit}",
             f"throttle storms, requests that reached the stand-in: {self.storms}",
             f"longest an active library stayed dirty: {self.dirty_seconds:.1f} s",
-            f"quiescence after {self.quiesce_seconds:.1f} s",
+            f"quiescence after {self.quiesce_seconds:.1f} s (last outstanding: "
+            + (", ".join(f"{k} at {v:.0f} s" for k, v in sorted(self.waited.items())) or "-")
+            + ")",
         ]
         if self.daemon:
             first = "never" if self.dagster_first is None else f"{self.dagster_first:.0f} s"
@@ -336,14 +339,19 @@ def _prepare(conn: Connection) -> None:
     admission.set_rate(conn, 500.0)
 
 
-def _quiesce(conn: Connection, timeout: float, harness: Harness) -> tuple[float, dict[str, int]]:
-    """Wait until no work is outstanding (twice in a row, a second apart)."""
+def _quiesce(
+    conn: Connection, timeout: float, harness: Harness, waited: dict[str, float] | None = None
+) -> tuple[float, dict[str, int]]:
+    """Wait until no work is outstanding (twice in a row, a second apart). `waited`
+    receives, per kind of work, how long into the wait it was last outstanding."""
     started = time.monotonic()
     calm = 0
     left: dict[str, int] = {}
     while time.monotonic() - started < timeout:
         harness.restart_exited()
         left = invariants.outstanding(conn)
+        if waited is not None:
+            waited.update({k: time.monotonic() - started for k, v in left.items() if v})
         calm = calm + 1 if not any(left.values()) else 0
         if calm >= 2:
             return time.monotonic() - started, {}
@@ -471,7 +479,9 @@ def run(
                 ]
                 workload.settle()
                 with connect(url, application_name="chaos.harness") as conn:
-                    report.quiesce_seconds, left = _quiesce(conn, MAX_QUIESCE_SECONDS, harness)
+                    report.quiesce_seconds, left = _quiesce(
+                        conn, MAX_QUIESCE_SECONDS, harness, report.waited
+                    )
                     report.divergences += [
                         f"not quiescent after {MAX_QUIESCE_SECONDS} s: {k} {v}"
                         for k, v in left.items()
