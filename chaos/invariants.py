@@ -72,11 +72,14 @@ def outstanding(conn: Connection) -> dict[str, int]:
             " AND i.provider_kind IN ('movie', 'tv') AND i.observed_at IS NULL"
             " AND i.recovery_case_id IS NULL AND i.observation_due_at <= now()",
         ),
-        # An item of an inactive library keeps a dead worker's expired lease until the
-        # library is active again and the item is claimed anew (claim_due admits it).
-        "observation leases": _count(
+        # A dead worker's lease not yet taken over. Live leases are work in progress
+        # that never stops: unresolved 404s and malformed identities are rechecked on
+        # their backoff for good (seconds here). An item of an inactive library keeps
+        # its expired lease until the library is active again (claim_due admits it).
+        "expired observation leases": _count(
             conn,
             "SELECT 1 FROM media_server_items i WHERE i.observation_lease_token IS NOT NULL"
+            " AND i.observation_lease_expires_at <= now()"
             f" AND i.library_id IN ({ACTIVE_LIBRARIES})",
         ),
     }

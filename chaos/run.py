@@ -486,7 +486,7 @@ def run(
                         f"not quiescent after {MAX_QUIESCE_SECONDS} s: {k} {v}"
                         for k, v in left.items()
                     ]
-                    if "observation leases" in left:
+                    if "expired observation leases" in left:
                         report.divergences += invariants.describe_leases(conn)
                     report.dirty_seconds = clock.stop()
                     if left:  # the rebuild would only wait as long again

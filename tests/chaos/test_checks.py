@@ -470,3 +470,18 @@ def test_a_stats_publication_begun_after_its_lease_is_seen(conn: Connection) -> 
     assert invariants.no_lost_claim_acknowledged(conn) == [
         f"stats run {late.run_id}: published by its worker after the lease ended"
     ]
+
+
+def test_a_dead_workers_observation_lease_is_outstanding_a_live_one_is_not(
+    conn: Connection,
+) -> None:
+    lib = f.library(conn)
+    live, dead = (f.tmdb_item(conn, lib, n) for n in (3, 4))
+    execute(
+        conn,
+        "UPDATE media_server_items SET observation_lease_token = gen_random_uuid(),"
+        " observation_lease_expires_at = now() + CASE WHEN id = %s THEN interval '1 minute'"
+        " ELSE interval '-1 second' END WHERE id IN (%s, %s)",
+        (live, live, dead),
+    )
+    assert invariants.outstanding(conn)["expired observation leases"] == 1
