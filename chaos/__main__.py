@@ -1,8 +1,10 @@
-"""`python -m chaos [--seed N] [--seconds S] [--runs K]`: the convergence harness.
+"""`python -m chaos [--seed N] [--seconds S] [--runs K] [--server ...] [--no-daemon]`:
+the convergence harness.
 
-Runs against a scratch database on INVENTORY_TEST_DATABASE_URL's server, or on an
-embedded PostgreSQL. Prints runs, kills, operations and divergences; exits 1 when any
-run diverged, naming the seed that replays it.
+Runs on a scratch database of INVENTORY_TEST_DATABASE_URL's server (restarted only
+with --restart-shared), or on an embedded PostgreSQL, or on a private cluster it
+initializes (--server private). Prints runs, faults, operations, bounds and
+divergences; exits 1 when any run diverged, naming the seeds that replay it.
 """
 
 from __future__ import annotations
@@ -10,12 +12,10 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shutil
-import tempfile
 from pathlib import Path
 
 from chaos.run import run
-from inventory_pipeline.db.connection import url_with_database
+from chaos.servers import EmbeddedChaosServer, PrivateCluster, Server
 
 
 def main() -> int:
@@ -23,32 +23,44 @@ def main() -> int:
     parser.add_argument("--seed", type=int, help="the first seed (default: random)")
     parser.add_argument("--seconds", type=float, default=60.0, help="chaos per run")
     parser.add_argument("--runs", type=int, default=1, help="consecutive seeds to run")
+    parser.add_argument(
+        "--server",
+        choices=("auto", "embedded", "private"),
+        default="auto",
+        help="auto: INVENTORY_TEST_DATABASE_URL if set, else embedded; private: a cluster"
+        " initialized from --pg-bin on a free port of 127.0.0.1",
+    )
+    parser.add_argument(
+        "--pg-bin", type=Path, default=Path("/usr/lib/postgresql/15/bin"), help="for private"
+    )
+    parser.add_argument(
+        "--restart-shared",
+        action="store_true",
+        help="let the restart fault restart INVENTORY_TEST_DATABASE_URL's server (only when"
+        " nothing else uses it)",
+    )
+    parser.add_argument(
+        "--no-daemon", action="store_true", help="leave the Dagster daemon out (faster)"
+    )
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(10**6)
     configured = os.environ.get("INVENTORY_TEST_DATABASE_URL")
-    server = None
-    folder = None
-    if configured:
-        admin_url = url_with_database(configured, "postgres")
+    server: Server
+    if args.server == "private":
+        server = PrivateCluster(args.pg_bin)
+    elif args.server == "auto" and configured:
+        server = Server(configured, restartable=args.restart_shared)
     else:
-        from inventory_pipeline.db.embedded import EmbeddedServer
-
-        folder = Path(tempfile.mkdtemp(prefix="inventory-chaos-pg-"))
-        server = EmbeddedServer(folder / "pgdata")
-        server.start()
-        admin_url = server.url("postgres")
+        server = EmbeddedChaosServer()
     failed = []
     try:
         for n in range(args.runs):
-            report = run(admin_url, seed + n, args.seconds)
+            report = run(server, seed + n, args.seconds, daemon=not args.no_daemon)
             print("\n".join(report.lines()), flush=True)
             if report.divergences:
                 failed.append(seed + n)
     finally:
-        if server is not None:
-            server.stop()
-        if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
+        server.stop()
     if failed:
         print(f"diverged: seeds {failed}")
         return 1

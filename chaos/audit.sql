@@ -1,44 +1,129 @@
 -- Harness instrumentation, installed only into the harness's own scratch database (never
--- a migration): every claim and every acknowledgement is written down by triggers, so
--- the check after quiescence can prove, independently of the guards it tests, that no
--- request was acknowledged by a lost claim and that nothing went backwards.
+-- a migration): triggers write every claim, acknowledgement, release and publication
+-- down, so the checks after quiescence can prove, independently of the guards they
+-- test, that no work was acknowledged by a lost claim and that nothing went backwards.
+--
+-- Events are ordered by one sequence and timed by clock_timestamp(), never by now():
+-- now() is the transaction's start, the very clock the product's guards compare
+-- leases with, so an audit built on it would agree with a broken guard. Events on one
+-- row are serialized by its row lock, so their sequence numbers follow commit order.
+--
+-- completing_token: the lease token the session declared it completes with
+-- (chaos.completing_token). The product's statements bind the token in their guards
+-- but write it nowhere; the declaration is what tells a stale worker's write from the
+-- live claim's. Sessions that declare nothing (Dagster runs) leave it empty.
+-- actor: the session's application_name (chaos.<role>.<pid> for the harness's workers).
+-- The trigger functions run with the harness's rights (SECURITY DEFINER): a writer
+-- role with rights on the items table only must not be refused by the audit.
+
+CREATE SEQUENCE chaos_event_seq;
+
+CREATE FUNCTION chaos_declared_token() RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT coalesce(current_setting('chaos.completing_token', true), '')
+$$;
 
 CREATE TABLE chaos_profile_claims (
+    seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
     request_id bigint NOT NULL,
+    library_id bigint NOT NULL,
     lease_token uuid NOT NULL,
-    claimed_at timestamptz NOT NULL,
-    lease_expires_at timestamptz NOT NULL
+    attempt integer NOT NULL,
+    claimed_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    lease_expires_at timestamptz NOT NULL,
+    actor text NOT NULL DEFAULT current_setting('application_name')
 );
--- completing_token: the token the completing worker declared for its session
--- (chaos.completing_token), which the product's statements do not write anywhere; it
--- is what tells a stale worker's completion from the live claim's.
+-- Every transition into `succeeded`, from whatever status (an unguarded write from
+-- `pending` is an acknowledgement too), and every row inserted as succeeded.
 CREATE TABLE chaos_profile_acks (
+    seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
     request_id bigint NOT NULL,
-    lease_token uuid NOT NULL,
-    completing_token text NOT NULL,
-    acked_at timestamptz NOT NULL,
-    lease_expires_at timestamptz NOT NULL
+    library_id bigint NOT NULL,
+    from_status text,
+    lease_token uuid,
+    completing_token text NOT NULL DEFAULT chaos_declared_token(),
+    acked_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    lease_expires_at timestamptz,
+    actor text NOT NULL DEFAULT current_setting('application_name')
 );
-CREATE FUNCTION chaos_profile_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+-- A claim that ended without success: failed by its holder, or recovered after its
+-- lease ran out (the attempt is spent either way).
+CREATE TABLE chaos_profile_lapses (
+    seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
+    request_id bigint NOT NULL,
+    library_id bigint NOT NULL,
+    lease_token uuid NOT NULL,
+    attempt integer NOT NULL,
+    to_status text NOT NULL,
+    lease_expires_at timestamptz NOT NULL,
+    ended_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    completing_token text NOT NULL DEFAULT chaos_declared_token(),
+    actor text NOT NULL DEFAULT current_setting('application_name')
+);
+CREATE FUNCTION chaos_profile_audit() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
+    IF TG_OP = 'INSERT' THEN
+        IF NEW.status = 'succeeded' THEN
+            INSERT INTO chaos_profile_acks (request_id, library_id, from_status)
+            VALUES (NEW.id, NEW.library_id, NULL);
+        END IF;
+        IF NEW.status = 'running' THEN
+            INSERT INTO chaos_profile_claims
+                (request_id, library_id, lease_token, attempt, lease_expires_at)
+            VALUES (NEW.id, NEW.library_id, NEW.lease_token, NEW.attempts, NEW.lease_expires_at);
+        END IF;
+        RETURN NULL;
+    END IF;
     IF NEW.status = 'running' AND NEW.lease_token IS DISTINCT FROM OLD.lease_token THEN
-        INSERT INTO chaos_profile_claims VALUES (NEW.id, NEW.lease_token, now(), NEW.lease_expires_at);
-    ELSIF OLD.status = 'running' AND NEW.status = 'succeeded' THEN
-        INSERT INTO chaos_profile_acks VALUES (OLD.id, OLD.lease_token,
-            coalesce(current_setting('chaos.completing_token', true), ''), now(),
-            OLD.lease_expires_at);
+        INSERT INTO chaos_profile_claims
+            (request_id, library_id, lease_token, attempt, lease_expires_at)
+        VALUES (NEW.id, NEW.library_id, NEW.lease_token, NEW.attempts, NEW.lease_expires_at);
+    ELSIF NEW.status = 'succeeded' AND OLD.status IS DISTINCT FROM 'succeeded' THEN
+        INSERT INTO chaos_profile_acks
+            (request_id, library_id, from_status, lease_token, lease_expires_at)
+        VALUES (OLD.id, OLD.library_id, OLD.status, OLD.lease_token, OLD.lease_expires_at);
+    ELSIF OLD.status = 'running' AND NEW.status IN ('pending', 'failed') THEN
+        INSERT INTO chaos_profile_lapses
+            (request_id, library_id, lease_token, attempt, to_status, lease_expires_at)
+        VALUES (OLD.id, OLD.library_id, OLD.lease_token, OLD.attempts, NEW.status,
+                OLD.lease_expires_at);
     END IF;
     RETURN NULL;
 END $$;
-CREATE TRIGGER chaos_profile_audit AFTER UPDATE ON profile_refresh_requests
+CREATE TRIGGER chaos_profile_audit AFTER INSERT OR UPDATE ON profile_refresh_requests
     FOR EACH ROW EXECUTE FUNCTION chaos_profile_audit();
 
+-- Every write of a stored profile, to prove its inventory_revision never goes back.
+CREATE TABLE chaos_profile_writes (
+    seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
+    library_id bigint NOT NULL,
+    operation text NOT NULL,
+    inventory_revision bigint NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE FUNCTION chaos_profile_write_audit() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        INSERT INTO chaos_profile_writes (library_id, operation, inventory_revision)
+        VALUES (OLD.library_id, TG_OP, OLD.inventory_revision);
+    ELSE
+        INSERT INTO chaos_profile_writes (library_id, operation, inventory_revision)
+        VALUES (NEW.library_id, TG_OP, NEW.inventory_revision);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER chaos_profile_write_audit AFTER INSERT OR UPDATE OR DELETE ON library_profiles
+    FOR EACH ROW EXECUTE FUNCTION chaos_profile_write_audit();
+
 CREATE TABLE chaos_regressions (
+    seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
     what text NOT NULL,
     detail text NOT NULL,
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-CREATE FUNCTION chaos_acknowledged_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION chaos_acknowledged_audit() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     IF NEW.acknowledged_revision < OLD.acknowledged_revision OR NEW.revision < OLD.revision THEN
         INSERT INTO chaos_regressions (what, detail) VALUES ('library revision went back',
@@ -50,7 +135,8 @@ END $$;
 CREATE TRIGGER chaos_acknowledged_audit AFTER UPDATE ON library_inventory_state
     FOR EACH ROW EXECUTE FUNCTION chaos_acknowledged_audit();
 
-CREATE FUNCTION chaos_applied_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION chaos_applied_audit() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     IF NEW.applied_version < OLD.applied_version OR NEW.requested_version < OLD.requested_version THEN
         INSERT INTO chaos_regressions (what, detail) VALUES ('stats version went back',
@@ -62,23 +148,27 @@ END $$;
 CREATE TRIGGER chaos_applied_audit AFTER UPDATE ON user_stats_refresh_state
     FOR EACH ROW EXECUTE FUNCTION chaos_applied_audit();
 
--- Stats publications: the run's lease must have been live (by the statement clock) and
--- its generation must not be older than what was already applied.
+-- Stats publications: the publishing transaction must have begun while the run's lease
+-- was live, by its holder. (A publication locks its run and checks the lease as it
+-- begins; one that outlasts the rest of its lease is safe because it re-checks the
+-- published base under the user's lock, so its end may fall after the lease.)
 CREATE TABLE chaos_stats_publications (
+    seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
     run_id bigint NOT NULL,
     user_id uuid NOT NULL,
     lease_token uuid NOT NULL,
-    completing_token text NOT NULL,
+    completing_token text NOT NULL DEFAULT chaos_declared_token(),
     lease_until timestamptz NOT NULL,
-    published_at timestamptz NOT NULL
+    began_at timestamptz NOT NULL DEFAULT now(),
+    published_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    actor text NOT NULL DEFAULT current_setting('application_name')
 );
-CREATE FUNCTION chaos_publication_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION chaos_publication_audit() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     IF NEW.phase = 'published' AND OLD.phase IS DISTINCT FROM 'published' THEN
-        INSERT INTO chaos_stats_publications
-        VALUES (NEW.id, NEW.user_id, OLD.lease_token,
-                coalesce(current_setting('chaos.completing_token', true), ''),
-                OLD.lease_until, now());
+        INSERT INTO chaos_stats_publications (run_id, user_id, lease_token, lease_until)
+        VALUES (NEW.id, NEW.user_id, OLD.lease_token, OLD.lease_until);
     END IF;
     RETURN NULL;
 END $$;
@@ -88,32 +178,89 @@ CREATE TRIGGER chaos_publication_audit AFTER UPDATE ON user_stats_projection_run
 -- Observation completions: the completing token must be the item's latest claim and the
 -- source must not have changed since that claim.
 CREATE TABLE chaos_item_claims (
+    seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
     item_id bigint NOT NULL,
     lease_token uuid NOT NULL,
     source_generation bigint NOT NULL,
     claimed_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE TABLE chaos_item_completions (
+    seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
     item_id bigint NOT NULL,
     lease_token uuid,  -- the item's claim when the completion wrote (NULL: none)
-    completing_token text NOT NULL,
+    completing_token text NOT NULL DEFAULT chaos_declared_token(),
     source_generation bigint NOT NULL,
     completed_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-CREATE FUNCTION chaos_item_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+-- Credential wakeup releases: one row per released case, grouped into batches by the
+-- releasing transaction; xact_start is that transaction's start (the instant the
+-- spacing is measured from), released_at the event clock.
+CREATE TABLE chaos_wakeup_releases (
+    seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
+    item_id bigint NOT NULL,
+    generation uuid NOT NULL,
+    batch bigint NOT NULL DEFAULT txid_current(),
+    xact_start timestamptz NOT NULL DEFAULT now(),
+    released_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE FUNCTION chaos_item_audit() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     IF NEW.observation_lease_token IS NOT NULL
        AND NEW.observation_lease_token IS DISTINCT FROM OLD.observation_lease_token THEN
         INSERT INTO chaos_item_claims (item_id, lease_token, source_generation)
         VALUES (NEW.id, NEW.observation_lease_token, NEW.source_generation);
     ELSIF NEW.observation_attempts > OLD.observation_attempts THEN
-        INSERT INTO chaos_item_completions
-            (item_id, lease_token, completing_token, source_generation)
-        VALUES (NEW.id, OLD.observation_lease_token,
-                coalesce(current_setting('chaos.completing_token', true), ''),
-                NEW.source_generation);
+        INSERT INTO chaos_item_completions (item_id, lease_token, source_generation)
+        VALUES (NEW.id, OLD.observation_lease_token, NEW.source_generation);
+    END IF;
+    IF NEW.recovery_wakeup_generation IS NOT NULL
+       AND NEW.recovery_wakeup_generation IS DISTINCT FROM OLD.recovery_wakeup_generation THEN
+        INSERT INTO chaos_wakeup_releases (item_id, generation)
+        VALUES (NEW.id, NEW.recovery_wakeup_generation);
     END IF;
     RETURN NULL;
 END $$;
 CREATE TRIGGER chaos_item_audit AFTER UPDATE ON media_server_items
     FOR EACH ROW EXECUTE FUNCTION chaos_item_audit();
+
+-- Verifications of a credential generation, with the probe lease they completed under
+-- and the settings' generation when they wrote (the completing statement holds the
+-- settings row in share mode, so this read is the configuration it verified against).
+CREATE TABLE chaos_verifications (
+    seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
+    generation uuid NOT NULL,
+    lease_token uuid,
+    lease_generation uuid,
+    lease_expires_at timestamptz,
+    completing_token text NOT NULL DEFAULT chaos_declared_token(),
+    settings_generation uuid,
+    settings_active boolean,
+    verified_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    actor text NOT NULL DEFAULT current_setting('application_name')
+);
+CREATE FUNCTION chaos_verification_audit() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    IF NEW.verified_generation IS NOT NULL
+       AND (NEW.verified_generation IS DISTINCT FROM OLD.verified_generation
+            OR NEW.verified_at IS DISTINCT FROM OLD.verified_at) THEN
+        INSERT INTO chaos_verifications (generation, lease_token, lease_generation,
+            lease_expires_at, settings_generation, settings_active)
+        SELECT NEW.verified_generation, OLD.probe_lease_token, OLD.probe_generation,
+               OLD.probe_lease_expires_at, s.credential_generation, s.active
+        FROM provider_settings s WHERE s.provider = NEW.provider;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER chaos_verification_audit AFTER UPDATE ON credential_wakeups
+    FOR EACH ROW EXECUTE FUNCTION chaos_verification_audit();
+
+-- Faults the harness injected that end sessions it does not own (a server restart),
+-- so that a claim whose holder they killed is not mistaken for one never worked on.
+CREATE TABLE chaos_faults (
+    seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
+    kind text NOT NULL,
+    started_at timestamptz NOT NULL,
+    ended_at timestamptz NOT NULL
+);

@@ -1,6 +1,10 @@
-"""Shortened clocks for the harness: leases of seconds, retries of seconds, so lost
-claims, expiries and retries all happen inside a short run. Everything else is the
-product's own code and SQL."""
+"""Every knob and every bound of the harness, in one place.
+
+Clocks are shortened (leases of seconds, retries of seconds) so lost claims, expiries
+and retries all happen inside a short run; everything else is the product's own code
+and SQL. The bounds turn a livelock into a failure: each was chosen from measured runs
+(README, "Convergence under chaos") with a generous margin, and says why.
+"""
 
 from __future__ import annotations
 
@@ -39,3 +43,97 @@ STATS_SETTINGS = {
 
 API_KEY = "chaos-key-0b1d2c3e4f"
 WRONG_KEY = "chaos-wrong-key-9a8b7c"
+
+# -- credential wakeups (seed 004) ----------------------------------------------------
+# The batch limit stays the seed's 100 (the check is that no batch exceeds it); the
+# spacing (60 s) and the failed-probe backoff (15 min to 6 h) are shortened so several
+# batches and re-probes happen within a run.
+WAKEUP_RELEASE_LIMIT = 100
+WAKEUP_SPACING_SECONDS = 2
+WAKEUP_BACKOFF_SECONDS = (1, 4)
+# Authentication cases loaded at setup and again at this fraction of the run: more than
+# one batch, so the spacing is tested.
+AUTH_BACKLOG_CASES = 130
+AUTH_BACKLOG_AT = 0.5
+# The chaos begins once the setup's backlog went out in two batches (one spacing after
+# the first verification), or after this long.
+WAKEUP_WARMUP_SECONDS = 30
+# The release jitter (1-60 s, fixed in SQL by the seed) is the longest legitimate wait
+# of a released case.
+RELEASE_JITTER_SECONDS = 60
+
+# -- the workload and its faults --------------------------------------------------------
+WORKERS = {"planner": 2, "refresher": 2, "observer": 2, "prober": 1, "stats": 2, "maintainer": 1}
+OPS_PER_SECOND = 8
+KILL_CHANCE = 0.04  # per operation: SIGKILL a worker process (restarted at once)
+PAUSE_CHANCE = 0.012  # SIGSTOP a worker past its lease
+TERMINATE_CHANCE = 0.02  # pg_terminate_backend of one worker's session
+PAUSE_SECONDS = LEASE_SECONDS + 1.5  # outlives the lease
+# Database restarts, at these fractions of the run's operations (when the server can be
+# restarted: an embedded or private cluster, or a restart command given explicitly).
+RESTART_AT = (0.6,)
+# The backlog phase: this many libraries turn dirty in one go at this fraction of the
+# run, more than one sensor tick's run capacity (4 runs x 100 claims, two at a time).
+BACKLOG_AT = 0.25
+BACKLOG_LIBRARIES = 450
+BACKLOG_ITEMS = 3  # per library: enough for a profile, cheap to generate
+# A throttle storm: the stand-in answers 429 to everything for this many operations,
+# once at this fraction of the run (and now and then as a drawn operation).
+STORM_AT = 0.45
+STORM_OPERATIONS = 40  # 5 s at 8 operations/s
+STORM_RETRY_AFTER = "2"
+STORM_ITEMS = 30  # a sync brings this many items due for observation as the storm starts
+
+# -- the Dagster path ------------------------------------------------------------------
+# The daemon's refresh runs use the product's settings from the environment: the
+# shortest lease the product accepts and the harness's retry and circuit clocks.
+DAEMON_ENV = {
+    "INVENTORY_LEASE_SECONDS": "10",
+    "INVENTORY_RETRY_SECONDS": "1",
+    "INVENTORY_CIRCUIT_PROBE_SECONDS": "2",
+    "INVENTORY_NATIVE_MAX_AGE_SECONDS": str(10**7),
+}
+# Before the chaos begins, the daemon alone processes the setup's inventory until one of
+# its runs has acknowledged a request (measured 20-40 s from a cold start), so every
+# run has Dagster-path work; past this it goes on without (the checks will say why).
+DAEMON_FIRST_ACK_SECONDS = 90
+# Sensors whose product clocks (five-minute item leases, six-hour backoffs, one-minute
+# wakeup spacing) do not fit a run of seconds; the harness's own workers cover them.
+DAEMON_STOPPED_SENSORS = ("provider_observation_sensor", "credential_wakeup_sensor")
+
+# -- errors ----------------------------------------------------------------------------
+# What a worker may meet under chaos and recover from, by SQLSTATE: lock not available,
+# statement timeout / query canceled, idle-in-transaction timeout, administrator
+# shutdown, crash shutdown, cannot connect now (a restart); class 08 is connection
+# exceptions. Anything else (40P01 deadlocks, 23xxx, 42xxx, ...) fails the run.
+EXPECTED_SQLSTATES = frozenset({"55P03", "57014", "25P03", "57P01", "57P02", "57P03"})
+EXPECTED_SQLSTATE_CLASSES = ("08",)
+# Errors with no SQLSTATE that are expected: a connection the client itself found
+# refused or dropped, and no admission slot in time.
+EXPECTED_WITHOUT_SQLSTATE = frozenset({"DatabaseUnavailable", "AdmissionTimeout"})
+
+# -- bounds on progress (a livelock fails the run) ----------------------------------------
+# Quiescence after the chaos: measured 20-135 s (the longest after a truncate late in
+# the run dirtied ~600 libraries at once); waiting longer is a failure, not patience.
+MAX_QUIESCE_SECONDS = 240
+# A library active and dirty for longer than this without an acknowledgement: measured
+# 30-112 s (the backlog phase, a truncate, the restart).
+MAX_DIRTY_SECONDS = 180
+# Worker processes that exited on their own (the harness restarts them): a worker
+# catches every error and reconnects, so an exit is a crash.
+MAX_UNPLANNED_EXITS = 0
+# Error lines (each one a worker loop restarted on a fresh connection) per minute of
+# chaos: kills, pauses, terminations and the restart cause a few dozen in a minute.
+MAX_WORKER_ERRORS_PER_MINUTE = 120
+# Re-claims (claims beyond the first of each request) as a share of all claims: kills,
+# pauses and stalls past the lease cost ~20 %.
+MAX_RECLAIM_SHARE = 0.5
+# Requests that ended terminally failed (and wait for the circuit to re-plan them):
+# three lost attempts in a row are rare under the harness's fault rates.
+MAX_TERMINAL_FAILURES = 12
+# Requests to the stand-in while it answers 429 to everything, per storm: with a
+# fleet-wide pause this is what was already in flight plus one retry per worker per
+# Retry-After; without one it is the observers' whole batch.
+MAX_STORM_REQUESTS = (WORKERS["observer"] + WORKERS["prober"]) * (
+    STORM_OPERATIONS // OPS_PER_SECOND // int(STORM_RETRY_AFTER) + 3
+)

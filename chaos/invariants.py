@@ -1,22 +1,31 @@
-"""What must hold after quiescence (issue 8), each check returning divergences as one
-line apiece. `outstanding` is the quiescence test: the work still in flight."""
+"""What must hold after quiescence, each check returning divergences as one line
+apiece. `outstanding` is the quiescence test: the work still in flight."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from chaos.config import RETRY_POLICY
+from chaos.config import RELEASE_JITTER_SECONDS, RETRY_POLICY
 from inventory_pipeline.db import Connection, fetch_all, fetch_one, jsonb
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.profiles.generator import frame_from_rows, generate_profile
 
-# The longest delay a case may legitimately wait: the retry cap, or seed 004's release
-# jitter (1-60 s) for an authentication case released after a verified key.
-LONGEST_DELAY_SECONDS = max(RETRY_POLICY.cap_seconds, 60)
+# The longest delay a case may legitimately wait: the retry cap, or the release jitter
+# of an authentication case released after a verified key.
+LONGEST_DELAY_SECONDS = max(RETRY_POLICY.cap_seconds, RELEASE_JITTER_SECONDS)
 
 ACTIVE_LIBRARIES = (
     "SELECT l.id FROM libraries l JOIN media_servers m ON m.id = l.server_id"
     " WHERE l.active AND m.active ORDER BY l.id"
+)
+
+
+# An authentication case in a library of another media kind (an item moved there) is
+# never woken by a verified key (seed 004 releases only cases in a library of their
+# kind): it waits out its ordinary cooldown, a day or more.
+AUTH_CASE_WAITS = (
+    "(i.recovery_category = 'auth' AND i.provider_kind IS DISTINCT FROM"
+    " (SELECT l.media_kind FROM libraries l WHERE l.id = i.library_id))"
 )
 
 
@@ -51,13 +60,26 @@ def outstanding(conn: Connection) -> dict[str, int]:
             conn,
             "SELECT 1 FROM media_server_items i"
             f" WHERE i.library_id IN ({ACTIVE_LIBRARIES}) AND i.recovery_case_id IS NOT NULL"
-            " AND i.recovery_resolved_at IS NULL AND i.recovery_category <> 'not_found'",
+            " AND i.recovery_resolved_at IS NULL AND i.recovery_category <> 'not_found'"
+            f" AND NOT {AUTH_CASE_WAITS}",
         ),
-        # An item of an inactive library keeps a dead worker's expired lease until the
-        # library is active again and the item is claimed anew (claim_due admits it).
-        "observation leases": _count(
+        # An item with a typed identity gets an attempt (an observation or a recovery
+        # case) for its source; one that never does stops nothing else, but is lost.
+        "items never attempted": _count(
+            conn,
+            "SELECT 1 FROM media_server_items i"
+            f" WHERE i.library_id IN ({ACTIVE_LIBRARIES}) AND i.provider = 'tmdb'"
+            " AND i.provider_kind IN ('movie', 'tv') AND i.observed_at IS NULL"
+            " AND i.recovery_case_id IS NULL AND i.observation_due_at <= now()",
+        ),
+        # A dead worker's lease not yet taken over. Live leases are work in progress
+        # that never stops: unresolved 404s and malformed identities are rechecked on
+        # their backoff for good (seconds here). An item of an inactive library keeps
+        # its expired lease until the library is active again (claim_due admits it).
+        "expired observation leases": _count(
             conn,
             "SELECT 1 FROM media_server_items i WHERE i.observation_lease_token IS NOT NULL"
+            " AND i.observation_lease_expires_at <= now()"
             f" AND i.library_id IN ({ACTIVE_LIBRARIES})",
         ),
     }
@@ -123,35 +145,77 @@ def profiles_converged(conn: Connection) -> list[str]:
     return out
 
 
+HARNESS_ACTOR = "chaos.%"
+
+
 def no_lost_claim_acknowledged(conn: Connection) -> list[str]:
-    """From the audit trail: each acknowledgement came from the request's latest claim
-    while its lease was live; each stats publication under a live lease; each
-    observation completion from the item's latest claim of the same source."""
+    """From the audit trail, ordered by its event sequence and timed by the event clock:
+    each acknowledgement came from a running request's latest claim while its lease was
+    live, by the token the worker declared; each stats publication begun under a live
+    lease by its holder;
+    each observation completion from the item's latest claim of the same source; no
+    revision or version ever went back. Sessions that declare no token (Dagster runs)
+    are judged by the latest claim and the lease alone."""
     out = [
         f"request {r['request_id']}: acknowledged by token {r['completing_token'] or '?'}"
         f" ({r['why']})"
         for r in fetch_all(
             conn,
-            "SELECT a.request_id, a.completing_token,"
-            " CASE WHEN a.completing_token <> a.lease_token::text THEN 'not the live claim'"
-            "      WHEN a.acked_at >= a.lease_expires_at THEN 'lease expired'"
-            "      ELSE 'a newer claim existed' END AS why"
+            "SELECT a.request_id, a.completing_token, CASE"
+            "  WHEN a.from_status IS DISTINCT FROM 'running' THEN"
+            "    'from ' || coalesce(a.from_status, 'nothing') || ', not a running claim'"
+            "  WHEN a.completing_token = '' AND a.actor LIKE %(harness)s"
+            "    THEN 'a harness worker that declared no token'"
+            "  WHEN a.completing_token <> '' AND a.completing_token <> a.lease_token::text"
+            "    THEN 'not the live claim'"
+            "  WHEN a.acked_at >= a.lease_expires_at THEN 'lease expired'"
+            "  ELSE 'a newer claim existed' END AS why"
             " FROM chaos_profile_acks a"
-            " WHERE a.completing_token <> a.lease_token::text"
+            " WHERE a.from_status IS DISTINCT FROM 'running'"
+            " OR (a.completing_token = '' AND a.actor LIKE %(harness)s)"
+            " OR (a.completing_token <> '' AND a.completing_token <> a.lease_token::text)"
             " OR a.acked_at >= a.lease_expires_at OR a.lease_token IS DISTINCT FROM ("
             "   SELECT c.lease_token FROM chaos_profile_claims c"
-            "   WHERE c.request_id = a.request_id AND c.claimed_at <= a.acked_at"
-            "   ORDER BY c.claimed_at DESC LIMIT 1)",
+            "   WHERE c.request_id = a.request_id AND c.seq < a.seq"
+            "   ORDER BY c.seq DESC LIMIT 1)"
+            " ORDER BY a.seq",
+            {"harness": HARNESS_ACTOR},
+        )
+    ]
+    out += [
+        f"request {r['request_id']}: acknowledged {r['n']} times"
+        for r in fetch_all(
+            conn,
+            "SELECT request_id, count(*) AS n FROM chaos_profile_acks"
+            " GROUP BY request_id HAVING count(*) > 1 ORDER BY request_id",
+        )
+    ]
+    out += [
+        f"library {r['library_id']}: profile of revision {r['inventory_revision']} written"
+        f" after one of revision {r['before']} ({r['operation']})"
+        for r in fetch_all(
+            conn,
+            "SELECT library_id, inventory_revision, before, operation FROM ("
+            "   SELECT library_id, inventory_revision, operation, seq,"
+            "     max(inventory_revision) OVER (PARTITION BY library_id ORDER BY seq"
+            "       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before"
+            "   FROM chaos_profile_writes) w"
+            " WHERE operation <> 'DELETE' AND inventory_revision < before ORDER BY seq",
         )
     ]
     out += [
         f"stats run {r['run_id']}: published by {r['why']}"
         for r in fetch_all(
             conn,
-            "SELECT run_id, CASE WHEN completing_token <> lease_token::text"
-            " THEN 'a worker that did not hold its lease' ELSE 'its worker after the lease ended'"
-            " END AS why FROM chaos_stats_publications"
-            " WHERE completing_token <> lease_token::text OR published_at >= lease_until",
+            "SELECT run_id, CASE WHEN began_at >= lease_until"
+            "   THEN 'its worker after the lease ended'"
+            "   ELSE 'a worker that did not hold its lease' END AS why"
+            " FROM chaos_stats_publications"
+            " WHERE began_at >= lease_until"
+            " OR (completing_token = '' AND actor LIKE %(harness)s)"
+            " OR (completing_token <> '' AND completing_token <> lease_token::text)"
+            " ORDER BY seq",
+            {"harness": HARNESS_ACTOR},
         )
     ]
     out += [
@@ -160,29 +224,160 @@ def no_lost_claim_acknowledged(conn: Connection) -> list[str]:
             conn,
             "SELECT c.item_id FROM chaos_item_completions c LEFT JOIN LATERAL ("
             "   SELECT k.lease_token, k.source_generation FROM chaos_item_claims k"
-            "   WHERE k.item_id = c.item_id AND k.claimed_at <= c.completed_at"
-            "   ORDER BY k.claimed_at DESC LIMIT 1) k ON true"
+            "   WHERE k.item_id = c.item_id AND k.seq < c.seq"
+            "   ORDER BY k.seq DESC LIMIT 1) k ON true"
             " WHERE c.completing_token <> coalesce(c.lease_token::text, '')"
             " OR (c.lease_token, c.source_generation)"
-            "   IS DISTINCT FROM (k.lease_token, k.source_generation)",
+            "   IS DISTINCT FROM (k.lease_token, k.source_generation)"
+            " ORDER BY c.seq",
         )
     ]
     out += [
         f"{r['what']}: {r['detail']}"
-        for r in fetch_all(conn, "SELECT what, detail FROM chaos_regressions ORDER BY at")
+        for r in fetch_all(conn, "SELECT what, detail FROM chaos_regressions ORDER BY seq")
+    ]
+    return out
+
+
+def no_attempt_burned_unworked(conn: Connection) -> list[str]:
+    """No attempt spent on a lease that expired before work on it began. The harness's
+    own workers begin at once (claim, then process in the same step), so their lapses
+    are the faults it injects (kills, pauses, stalls, terminations). Anyone else's claim
+    (a Dagster sensor or run) whose lease ran out with no write by its holder was never
+    worked on in time, unless a server restart the harness caused fell inside its
+    lease."""
+    return [
+        f"request {r['request_id']}: attempt {r['attempt']} spent on a lease that expired"
+        f" before work began (claimed by {r['actor']}, {r['seconds']:.1f} s lease)"
+        for r in fetch_all(
+            conn,
+            "SELECT c.request_id, c.attempt, c.actor,"
+            " extract(epoch FROM c.lease_expires_at - c.claimed_at)::float8 AS seconds"
+            " FROM chaos_profile_claims c"
+            " JOIN chaos_profile_lapses l ON l.request_id = c.request_id"
+            "   AND l.lease_token = c.lease_token"
+            " WHERE c.actor NOT LIKE %(harness)s AND l.ended_at >= l.lease_expires_at"
+            " AND l.completing_token IS DISTINCT FROM c.lease_token::text"
+            " AND NOT EXISTS (SELECT 1 FROM chaos_faults f"
+            "   WHERE f.started_at <= l.lease_expires_at AND f.ended_at >= c.claimed_at)"
+            " ORDER BY l.seq",
+            {"harness": HARNESS_ACTOR},
+        )
+    ]
+
+
+def wakeups(conn: Connection, limit: int, spacing_seconds: float) -> list[str]:
+    """seed 004 from the audit trail: each verification made by the probe lease's
+    holder while the lease was live, for the generation the lease and the settings name;
+    each release of a generation verified before it; at most `limit` releases per
+    batch; a batch no sooner than `spacing_seconds` after the previous batch began; one
+    receipt per item per generation."""
+    out = [
+        f"generation {str(r['generation'])[:8]}: verified {r['why']}"
+        for r in fetch_all(
+            conn,
+            "SELECT generation, CASE"
+            "  WHEN lease_token IS NULL THEN 'without a probe lease'"
+            "  WHEN completing_token <> lease_token::text THEN 'by a worker without the lease'"
+            "  WHEN verified_at >= lease_expires_at THEN 'after the probe lease expired'"
+            "  WHEN lease_generation IS DISTINCT FROM generation"
+            "    THEN 'under a lease for another generation'"
+            "  ELSE 'while the settings held another generation or were inactive' END AS why"
+            " FROM chaos_verifications"
+            " WHERE lease_token IS NULL OR completing_token <> lease_token::text"
+            " OR verified_at >= lease_expires_at"
+            " OR lease_generation IS DISTINCT FROM generation"
+            " OR settings_generation IS DISTINCT FROM generation OR NOT settings_active"
+            " ORDER BY seq",
+        )
+    ]
+    out += [
+        f"item {r['item_id']}: released for generation {str(r['generation'])[:8]}"
+        " before it was verified"
+        for r in fetch_all(
+            conn,
+            "SELECT r.item_id, r.generation FROM chaos_wakeup_releases r"
+            " WHERE NOT EXISTS (SELECT 1 FROM chaos_verifications v"
+            "   WHERE v.generation = r.generation AND v.seq < r.seq)"
+            " ORDER BY r.seq",
+        )
+    ]
+    out += [
+        f"release batch of {r['n']} cases (limit {limit})"
+        for r in fetch_all(
+            conn,
+            "SELECT batch, count(*) AS n FROM chaos_wakeup_releases"
+            " GROUP BY batch HAVING count(*) > %s ORDER BY min(seq)",
+            (limit,),
+        )
+    ]
+    out += [
+        f"release batch {r['gap']:.2f} s after the previous batch began"
+        f" (spacing {spacing_seconds:g} s)"
+        for r in fetch_all(
+            conn,
+            "SELECT extract(epoch FROM first_at - lag(started) OVER w)::float8 AS gap"
+            " FROM (SELECT batch, min(seq) AS seq, min(released_at) AS first_at,"
+            "   min(xact_start) AS started FROM chaos_wakeup_releases GROUP BY batch) b"
+            " WINDOW w AS (ORDER BY seq)",
+        )
+        if r["gap"] is not None and r["gap"] < spacing_seconds
+    ]
+    out += [
+        f"item {r['item_id']}: {r['n']} release receipts for generation {str(r['generation'])[:8]}"
+        for r in fetch_all(
+            conn,
+            "SELECT item_id, generation, count(*) AS n FROM chaos_wakeup_releases"
+            " GROUP BY item_id, generation HAVING count(*) > 1 ORDER BY item_id",
+        )
+    ]
+    return out
+
+
+# A typed identity no TMDb id can be read from: anything but ASCII digits, or more
+# digits than any id has. (Leading zeros and the int32 edge are left to the product.)
+MALFORMED = "(i.provider_id !~ '^[0-9]+$' OR length(i.provider_id) > 10)"
+
+
+def malformed_identities(conn: Connection) -> list[str]:
+    """An item whose typed identity is malformed is never observed (nothing is read as a
+    TMDb id from it) and, in an active library, holds an open recovery case (the
+    database allows only the allowlisted categories)."""
+    out = [
+        f"item {r['id']}: malformed identity {r['provider_id']!r} observed as TMDb {r['tmdb_id']}"
+        for r in fetch_all(
+            conn,
+            "SELECT i.id, i.provider_id, o.tmdb_id FROM media_server_items i"
+            " JOIN provider_observations o ON o.item_id = i.id"
+            f" AND o.source_generation = i.source_generation WHERE {MALFORMED}"
+            " ORDER BY i.id",
+        )
+    ]
+    out += [
+        f"item {r['id']}: malformed identity {r['provider_id']!r} without an open recovery case"
+        for r in fetch_all(
+            conn,
+            "SELECT i.id, i.provider_id FROM media_server_items i"
+            f" WHERE i.library_id IN ({ACTIVE_LIBRARIES}) AND i.provider = 'tmdb'"
+            f" AND i.provider_kind IN ('movie', 'tv') AND {MALFORMED}"
+            " AND (i.recovery_case_id IS NULL OR i.recovery_resolved_at IS NOT NULL)"
+            " ORDER BY i.id",
+        )
     ]
     return out
 
 
 def nothing_stuck(conn: Connection) -> list[str]:
-    """Whatever is left open has a due retry within the longest legitimate delay."""
+    """Whatever is left open has a due retry within the longest legitimate delay (an
+    inactive library's cases wait for it, as its profile requests do)."""
     out = [
         f"item {r['id']}: open {r['recovery_category']} case without a due retry"
         for r in fetch_all(
             conn,
-            "SELECT id, recovery_category FROM media_server_items"
-            " WHERE recovery_case_id IS NOT NULL AND recovery_resolved_at IS NULL"
-            " AND observation_due_at > now() + make_interval(secs => %s)",
+            "SELECT i.id, i.recovery_category FROM media_server_items i"
+            " WHERE i.recovery_case_id IS NOT NULL AND i.recovery_resolved_at IS NULL"
+            f" AND i.library_id IN ({ACTIVE_LIBRARIES}) AND NOT {AUTH_CASE_WAITS}"
+            " AND i.observation_due_at > now() + make_interval(secs => %s)",
             (LONGEST_DELAY_SECONDS + 1,),
         )
     ]

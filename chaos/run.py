@@ -1,8 +1,9 @@
-"""One harness run: a scratch database, a TMDb stand-in, worker processes, the seeded
-workload with kills and pauses, quiescence, a full stats rebuild, and the checks.
+"""One harness run: a scratch database, a TMDb stand-in, worker processes (and, when
+asked, the real Dagster daemon), the seeded workload with kills, pauses, session
+terminations and server restarts, quiescence, a full stats rebuild, and the checks.
 
-Replay: the operations, their order and the kill/pause schedule are a pure function of
-the seed and the run length (the op count), so `python -m chaos --seed N --seconds S`
+Replay: the operations, their order and the fault schedule are a pure function of the
+seed and the run length (the op count), so `python -m chaos --seed N --seconds S`
 repeats a failing run's inputs exactly. What the OS scheduler does between processes is
 not replayable; that is the point of running many seeds.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -23,11 +25,48 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chaos import invariants
-from chaos.config import API_KEY, LEASE_SECONDS, STATS_SETTINGS, WRONG_KEY
-from chaos.worker import ROLES
-from chaos.workload import Workload
-from inventory_pipeline.db import Connection, DatabaseError, connect, execute, fetch_one
+from chaos import invariants, oracle
+from chaos.config import (
+    API_KEY,
+    AUTH_BACKLOG_AT,
+    BACKLOG_AT,
+    DAEMON_FIRST_ACK_SECONDS,
+    EXPECTED_SQLSTATE_CLASSES,
+    EXPECTED_SQLSTATES,
+    EXPECTED_WITHOUT_SQLSTATE,
+    KILL_CHANCE,
+    MAX_DIRTY_SECONDS,
+    MAX_QUIESCE_SECONDS,
+    MAX_RECLAIM_SHARE,
+    MAX_STORM_REQUESTS,
+    MAX_TERMINAL_FAILURES,
+    MAX_UNPLANNED_EXITS,
+    MAX_WORKER_ERRORS_PER_MINUTE,
+    OPS_PER_SECOND,
+    PAUSE_CHANCE,
+    PAUSE_SECONDS,
+    RESTART_AT,
+    STATS_SETTINGS,
+    STORM_AT,
+    TERMINATE_CHANCE,
+    WAKEUP_RELEASE_LIMIT,
+    WAKEUP_SPACING_SECONDS,
+    WAKEUP_WARMUP_SECONDS,
+    WORKERS,
+    WRONG_KEY,
+)
+from chaos.daemon import Daemon
+from chaos.servers import Server
+from chaos.worker import ROLES, application_name
+from chaos.workload import Workload, drop_writer_role
+from inventory_pipeline.db import (
+    Connection,
+    DatabaseError,
+    connect,
+    execute,
+    fetch_all,
+    fetch_one,
+)
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
 from inventory_pipeline.db.migrator import migrate
 from inventory_pipeline.provider import admission
@@ -36,21 +75,33 @@ from inventory_pipeline.stats import processors
 from tests.factories import tables_containing
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKERS = {"planner": 2, "refresher": 2, "observer": 2, "prober": 1, "stats": 2, "maintainer": 1}
-OPS_PER_SECOND = 8
-KILL_CHANCE = 0.04  # per operation
-PAUSE_CHANCE = 0.012
-PAUSE_SECONDS = LEASE_SECONDS + 1.5  # outlives the lease
-QUIESCE_SECONDS = 150
-# Errors a worker may meet under chaos and recover from; anything else is a divergence.
-EXPECTED_ERRORS = ("DatabaseError", "DatabaseUnavailable", "LockNotAvailable", "AdmissionTimeout")
+# `role: Type [SQLSTATE]: message`, the SQLSTATE only when the server sent one.
+ERROR_LINE = re.compile(r"^(?P<role>[a-z]+): (?P<type>\w+)(?: \[(?P<code>[0-9A-Z]{5})\])?: ")
+DEADLOCK = "40P01"
 
 
 def _expected(line: str) -> bool:
-    """A worker's `role: Type: message` line naming an error it recovers from; anything
-    else (a traceback of a crash at start-up, say) is not."""
-    parts = line.split(": ", 2)
-    return len(parts) == 3 and parts[1] in EXPECTED_ERRORS
+    """A worker's error line naming an error it recovers from, judged by SQLSTATE (or,
+    without one, by type); anything else (a deadlock, a constraint or SQL error, a
+    traceback of a crash) is not."""
+    match = ERROR_LINE.match(line)
+    if match is None:
+        return False
+    code = match["code"]
+    if code is not None:
+        return code in EXPECTED_SQLSTATES or code.startswith(EXPECTED_SQLSTATE_CLASSES)
+    return match["type"] in EXPECTED_WITHOUT_SQLSTATE
+
+
+def judge_errors(lines: Counter[str]) -> list[str]:
+    """Worker error lines that fail the run: deadlocks first, then anything unexpected."""
+    out = [f"deadlock in a worker: {line}" for line in lines if f"[{DEADLOCK}]" in line]
+    out += [
+        f"worker error: {line}"
+        for line in lines
+        if f"[{DEADLOCK}]" not in line and not _expected(line)
+    ]
+    return out
 
 
 @dataclass
@@ -65,30 +116,58 @@ class Worker:
 class Report:
     seed: int
     seconds: float
+    daemon: bool = False
     operations: Counter[str] = field(default_factory=Counter)
     refused: Counter[str] = field(default_factory=Counter)
+    unexpected_refusals: Counter[str] = field(default_factory=Counter)
+    unsupported: Counter[str] = field(default_factory=Counter)
     runs: int = 0
     kills: Counter[str] = field(default_factory=Counter)
     pauses: Counter[str] = field(default_factory=Counter)
+    terminations: Counter[str] = field(default_factory=Counter)
+    restarts: int = 0
+    exits: Counter[str] = field(default_factory=Counter)
     audit: dict[str, int] = field(default_factory=dict)
     worker_errors: Counter[str] = field(default_factory=Counter)
     quiesce_seconds: float = 0.0
+    waited: dict[str, float] = field(default_factory=dict)  # kind -> last outstanding at
+    dirty_seconds: float = 0.0
+    storms: list[int] = field(default_factory=list)
+    dagster_runs: Counter[str] = field(default_factory=Counter)
+    dagster_first: float | None = None  # seconds until a Dagster run first acknowledged
     divergences: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
+        def counted(c: Counter[str]) -> str:
+            return f"{sum(c.values())} {dict(sorted(c.items()))}"
+
         out = [
             f"seed {self.seed}, {self.seconds:.0f} s of chaos,"
-            f" replay: python -m chaos --seed {self.seed} --seconds {self.seconds:g}",
+            f" replay: python -m chaos --seed {self.seed} --seconds {self.seconds:g}"
+            + ("" if self.daemon else " --no-daemon"),
             f"runs (worker processes started): {self.runs}",
-            f"kills: {sum(self.kills.values())} {dict(sorted(self.kills.items()))}",
-            f"pauses past the lease: {sum(self.pauses.values())}"
-            f" {dict(sorted(self.pauses.items()))}",
-            f"operations: {sum(self.operations.values())} {dict(sorted(self.operations.items()))}",
-            f"refused by the database: {sum(self.refused.values())}"
-            f" {dict(sorted(self.refused.items()))}",
+            f"kills: {counted(self.kills)}",
+            f"pauses past the lease: {counted(self.pauses)}",
+            f"sessions terminated: {counted(self.terminations)}",
+            f"server restarts: {self.restarts}",
+            f"workers that exited on their own: {counted(self.exits)}",
+            f"operations: {counted(self.operations)}",
+            f"refused by the database: {counted(self.refused)}",
             f"audit: {self.audit}",
-            f"quiescence after {self.quiesce_seconds:.1f} s",
+            f"throttle storms, requests that reached the stand-in: {self.storms}",
+            f"longest an active library stayed dirty: {self.dirty_seconds:.1f} s",
+            f"quiescence after {self.quiesce_seconds:.1f} s (last outstanding: "
+            + (", ".join(f"{k} at {v:.0f} s" for k, v in sorted(self.waited.items())) or "-")
+            + ")",
         ]
+        if self.daemon:
+            first = "never" if self.dagster_first is None else f"{self.dagster_first:.0f} s"
+            out.append(f"Dagster: first acknowledgement after {first} (before the chaos)")
+            out.append(f"Dagster runs: {dict(sorted(self.dagster_runs.items()))}")
+        for line, count in self.unsupported.most_common(3):
+            out.append(f"refused by the server by design x{count}: {line}")
+        for line, count in self.unexpected_refusals.most_common(8):
+            out.append(f"unexpected refusal x{count}: {line}")
         for line, count in self.worker_errors.most_common(8):
             out.append(f"worker error x{count}: {line}")
         out.append(f"divergences: {len(self.divergences)}")
@@ -96,15 +175,59 @@ class Report:
         return out
 
 
+class DirtyClock(threading.Thread):
+    """Samples, once a second, which active libraries are dirty, and keeps the longest
+    time one stayed active and dirty without a break (a library that goes inactive or
+    clean starts over)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.since: dict[int, float] = {}
+        self.longest = 0.0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        conn: Connection | None = None
+        while not self.done.wait(1.0):
+            try:
+                if conn is None or conn.closed:
+                    conn = connect(self.url, application_name="chaos.harness")
+                rows = fetch_all(
+                    conn,
+                    "SELECT s.library_id FROM library_inventory_state s"
+                    " JOIN libraries l ON l.id = s.library_id"
+                    " JOIN media_servers m ON m.id = l.server_id"
+                    " WHERE l.active AND m.active AND s.revision > s.acknowledged_revision",
+                )
+            except DatabaseError:
+                continue  # a restart: the episode goes on
+            now = time.monotonic()
+            dirty = {int(r["library_id"]) for r in rows}
+            self.since = {lib: self.since.get(lib, now) for lib in dirty}
+            self.longest = max([self.longest, *(now - t for t in self.since.values())])
+        if conn is not None:
+            conn.close()
+
+    def stop(self) -> float:
+        self.done.set()
+        self.join(timeout=5)
+        return self.longest
+
+
 class Harness:
-    def __init__(self, url: str, standin: StandIn, logs: Path, report: Report) -> None:
+    def __init__(
+        self, url: str, standin: StandIn, logs: Path, report: Report, server: Server
+    ) -> None:
         self.url = url
         self.standin = standin
         self.report = report
+        self.server = server
         self.workers = [
             Worker(role, logs / f"{role}-{n}.log") for role in ROLES for n in range(WORKERS[role])
         ]
         self.lock = threading.Lock()
+        self.faults: list[tuple[str, float, float]] = []  # kind, start, end (epoch s)
 
     def start(self, worker: Worker) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -118,6 +241,14 @@ class Harness:
                 start_new_session=True,
             )
         self.report.runs += 1
+
+    def restart_exited(self) -> None:
+        """A worker that exited on its own crashed: count it and start it again."""
+        with self.lock:
+            for worker in self.workers:
+                if worker.process is not None and worker.process.poll() is not None:
+                    self.report.exits[worker.role] += 1
+                    self.start(worker)
 
     def kill(self, worker: Worker) -> None:
         with self.lock:
@@ -155,6 +286,36 @@ class Harness:
         for worker in self.workers:
             self.resume(worker)
 
+    def terminate(self, conn: Connection, worker: Worker) -> None:
+        """pg_terminate_backend of the worker's session: the server ends it (57P01) in
+        whatever it was doing; the worker reconnects."""
+        assert worker.process is not None
+        name = application_name(worker.role, worker.process.pid)
+        row = fetch_one(
+            conn,
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) AS n FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name = %s",
+            (name,),
+        )
+        if row is not None and row["n"]:
+            self.report.terminations[worker.role] += 1
+
+    def restart_server(self) -> None:
+        started = time.time()
+        self.server.restart()
+        self.faults.append(("restart", started, time.time()))
+        self.report.restarts += 1
+
+    def record_faults(self, conn: Connection) -> None:
+        """Into the audit trail, a second wider on each side (clients notice late)."""
+        for kind, started, ended in self.faults:
+            execute(
+                conn,
+                "INSERT INTO chaos_faults (kind, started_at, ended_at)"
+                " VALUES (%s, to_timestamp(%s), to_timestamp(%s))",
+                (kind, started - 1.0, ended + 1.0),
+            )
+
     def stop(self) -> None:
         self.resume_all()
         for worker in self.workers:
@@ -178,16 +339,19 @@ def _prepare(conn: Connection) -> None:
     admission.set_rate(conn, 500.0)
 
 
-def _quiesce(conn: Connection, timeout: float, harness: Harness) -> tuple[float, dict[str, int]]:
-    """Wait until no work is outstanding (twice in a row, a second apart)."""
+def _quiesce(
+    conn: Connection, timeout: float, harness: Harness, waited: dict[str, float] | None = None
+) -> tuple[float, dict[str, int]]:
+    """Wait until no work is outstanding (twice in a row, a second apart). `waited`
+    receives, per kind of work, how long into the wait it was last outstanding."""
     started = time.monotonic()
     calm = 0
     left: dict[str, int] = {}
     while time.monotonic() - started < timeout:
-        for worker in harness.workers:  # a worker that exited on its own is restarted
-            if worker.process is not None and worker.process.poll() is not None:
-                harness.start(worker)
+        harness.restart_exited()
         left = invariants.outstanding(conn)
+        if waited is not None:
+            waited.update({k: time.monotonic() - started for k, v in left.items() if v})
         calm = calm + 1 if not any(left.values()) else 0
         if calm >= 2:
             return time.monotonic() - started, {}
@@ -200,72 +364,184 @@ def _audit(conn: Connection) -> dict[str, int]:
         conn,
         "SELECT (SELECT count(*) FROM chaos_profile_claims) AS profile_claims,"
         " (SELECT count(*) FROM chaos_profile_acks) AS profile_acks,"
+        " (SELECT count(*) FROM chaos_profile_acks WHERE actor NOT LIKE 'chaos.%')"
+        "   AS profile_acks_by_dagster,"
         " (SELECT count(*) - count(DISTINCT request_id) FROM chaos_profile_claims)"
         "   AS profile_reclaims,"
-        " (SELECT count(*) FROM chaos_profile_claims c WHERE NOT EXISTS (SELECT 1"
-        "   FROM chaos_profile_acks a WHERE a.lease_token = c.lease_token)) AS profile_claims_lost,"
+        " (SELECT count(*) FROM chaos_profile_lapses WHERE ended_at >= lease_expires_at)"
+        "   AS profile_leases_expired,"
+        " (SELECT count(*) FROM chaos_profile_lapses WHERE to_status = 'failed')"
+        "   AS profile_terminal_failures,"
         " (SELECT count(*) FROM chaos_stats_publications) AS stats_publications,"
         " (SELECT count(*) FROM user_stats_projection_runs WHERE error = 'lease expired')"
         "   AS stats_runs_expired,"
         " (SELECT count(*) FROM chaos_item_claims) AS item_claims,"
-        " (SELECT count(*) FROM chaos_item_completions) AS item_completions",
+        " (SELECT count(*) FROM chaos_item_completions) AS item_completions,"
+        " (SELECT count(*) FROM chaos_verifications) AS verifications,"
+        " (SELECT count(*) FROM chaos_wakeup_releases) AS wakeup_releases,"
+        " (SELECT count(DISTINCT batch) FROM chaos_wakeup_releases) AS wakeup_batches",
     )
     return {} if row is None else {k: int(v) for k, v in row.items()}
 
 
+def bounds(report: Report) -> list[str]:
+    """The progress bounds of config.py, each a divergence when exceeded."""
+    out = []
+    audit = report.audit
+    if report.dirty_seconds > MAX_DIRTY_SECONDS:
+        out.append(
+            f"an active library stayed dirty {report.dirty_seconds:.0f} s"
+            f" (bound {MAX_DIRTY_SECONDS} s)"
+        )
+    exits = sum(report.exits.values())
+    if exits > MAX_UNPLANNED_EXITS:
+        out.append(f"{exits} workers exited on their own (bound {MAX_UNPLANNED_EXITS})")
+    minutes = max(1.0, (report.seconds + report.quiesce_seconds) / 60)
+    errors = sum(report.worker_errors.values())
+    if errors > MAX_WORKER_ERRORS_PER_MINUTE * minutes:
+        out.append(
+            f"{errors} worker errors in {minutes:.1f} min"
+            f" (bound {MAX_WORKER_ERRORS_PER_MINUTE}/min)"
+        )
+    claims = audit.get("profile_claims", 0)
+    reclaims = audit.get("profile_reclaims", 0)
+    if claims and reclaims / claims > MAX_RECLAIM_SHARE:
+        out.append(
+            f"{reclaims} of {claims} profile claims were re-claims (bound {MAX_RECLAIM_SHARE:.0%})"
+        )
+    failed = audit.get("profile_terminal_failures", 0)
+    if failed > MAX_TERMINAL_FAILURES:
+        out.append(
+            f"{failed} requests failed for good and waited for the circuit"
+            f" (bound {MAX_TERMINAL_FAILURES})"
+        )
+    out += [
+        f"throttle storm {n}: {count} requests reached the stand-in while it answered 429"
+        f" (bound {MAX_STORM_REQUESTS})"
+        for n, count in enumerate(report.storms, 1)
+        if count > MAX_STORM_REQUESTS
+    ]
+    return out
+
+
 def run(
-    admin_url: str,
+    server: Server | str,
     seed: int,
     seconds: float,
     log: Callable[[str], None] = print,
+    daemon: bool = False,
 ) -> Report:
-    report = Report(seed=seed, seconds=seconds)
+    """One seeded run on `server` (a maintenance URL: a server the harness may not
+    restart). With `daemon`, the real Dagster daemon takes part."""
+    if isinstance(server, str):
+        server = Server(server, restartable=False)
+    admin_url = server.admin_url
+    report = Report(seed=seed, seconds=seconds, daemon=daemon)
     database = f"inventory_chaos_{uuid.uuid4().hex[:10]}"
     with connect(admin_url) as admin:
         create_database(admin, database)
     url = url_with_database(admin_url, database)
+    dagster: Daemon | None = None
     try:
         with (
-            connect(url) as conn,
             StandIn(api_key=API_KEY, missing_every=17) as standin,
             tempfile.TemporaryDirectory(prefix="inventory-chaos-") as logs,
         ):
-            _prepare(conn)
-            today = fetch_one(conn, "SELECT stats_clock_date() AS d")
-            assert today is not None
-            workload = Workload(conn, standin, random.Random(seed), today["d"])
+            with connect(url) as conn:
+                _prepare(conn)
+            today_row = None
+            workload_conn = connect(url, application_name="chaos.workload")
+            today_row = fetch_one(workload_conn, "SELECT stats_clock_date() AS d")
+            assert today_row is not None
+            workload = Workload(
+                workload_conn,
+                standin,
+                random.Random(seed),
+                today_row["d"],
+                reconnect=lambda: connect(url, application_name="chaos.workload"),
+            )
             workload.setup()
-            harness = Harness(url, standin, Path(logs), report)
+            harness = Harness(url, standin, Path(logs), report, server)
+            if daemon:
+                dagster = Daemon(admin_url, url, standin.url, Path(logs))
+                dagster.start()
+                report.dagster_first = dagster.first_acknowledgement(url, DAEMON_FIRST_ACK_SECONDS)
+            clock = DirtyClock(url)
+            clock.start()
             try:
                 _chaos(harness, workload, random.Random(f"{seed}-schedule"), seconds, log)
                 report.operations, report.refused = workload.done, workload.refused
-                workload.settle()
-                report.quiesce_seconds, left = _quiesce(conn, QUIESCE_SECONDS, harness)
-                report.divergences += [f"still outstanding: {k} {v}" for k, v in left.items()]
-                if "observation leases" in left:
-                    report.divergences += invariants.describe_leases(conn)
-                report.divergences += _rebuild_and_compare(conn, harness)
-            finally:
-                harness.stop()
-            report.worker_errors = harness.errors()
-            report.audit = _audit(conn)
-            report.divergences += invariants.profiles_converged(conn)
-            report.divergences += invariants.stats_versions(conn)
-            report.divergences += invariants.no_lost_claim_acknowledged(conn)
-            report.divergences += invariants.nothing_stuck(conn)
-            report.divergences += [
-                f"worker error: {line}" for line in report.worker_errors if not _expected(line)
-            ]
-            for secret, what in ((API_KEY, "the TMDb key"), (WRONG_KEY, "a rejected key")):
-                report.divergences += [
-                    f"{what} found in table {table}" for table in tables_containing(conn, secret)
+                report.unexpected_refusals = workload.unexpected
+                report.unsupported = workload.unsupported
+                report.storms = [
+                    sum(1 for t in list(standin.state.arrivals) if start <= t <= end)
+                    for start, end in workload.storms
                 ]
-                if any(secret in line for line in report.worker_errors):
-                    report.divergences.append(f"{what} found in a worker's log")
+                workload.settle()
+                with connect(url, application_name="chaos.harness") as conn:
+                    report.quiesce_seconds, left = _quiesce(
+                        conn, MAX_QUIESCE_SECONDS, harness, report.waited
+                    )
+                    report.divergences += [
+                        f"not quiescent after {MAX_QUIESCE_SECONDS} s: {k} {v}"
+                        for k, v in left.items()
+                    ]
+                    if "expired observation leases" in left:
+                        report.divergences += invariants.describe_leases(conn)
+                    report.dirty_seconds = clock.stop()
+                    if left:  # the rebuild would only wait as long again
+                        report.divergences.append("stats rebuild not compared: not quiescent")
+                    else:
+                        report.divergences += _rebuild_and_compare(conn, harness)
+            finally:
+                clock.stop()
+                harness.stop()
+                workload.conn.close()
+                if dagster is not None:
+                    report.dagster_runs = dagster.runs()
+                    if not dagster.alive():
+                        report.divergences.append(
+                            "the Dagster daemon exited: " + dagster.tail(400).replace("\n", " | ")
+                        )
+                    dagster.stop()
+                    dagster = None
+            report.worker_errors = harness.errors()
+            with connect(url, application_name="chaos.harness") as conn:
+                harness.record_faults(conn)
+                report.audit = _audit(conn)
+                report.divergences += _checks(conn, report, harness)
     finally:
+        if dagster is not None:
+            dagster.stop()
         with connect(admin_url) as admin:
             drop_database(admin, database)
+            drop_writer_role(admin, database)
     return report
+
+
+def _checks(conn: Connection, report: Report, harness: Harness) -> list[str]:
+    out = invariants.profiles_converged(conn)
+    out += oracle.check(conn)
+    out += invariants.stats_versions(conn)
+    out += invariants.no_lost_claim_acknowledged(conn)
+    out += invariants.no_attempt_burned_unworked(conn)
+    out += invariants.wakeups(conn, WAKEUP_RELEASE_LIMIT, WAKEUP_SPACING_SECONDS)
+    out += invariants.nothing_stuck(conn)
+    out += invariants.malformed_identities(conn)
+    out += judge_errors(report.worker_errors)
+    out += [f"write refused: {line}" for line in report.unexpected_refusals]
+    if report.daemon and not report.restarts:
+        out += [
+            f"Dagster: {count} {what} runs"
+            for what, count in report.dagster_runs.items()
+            if what.endswith("FAILURE")
+        ]
+    out += bounds(report)
+    for secret, what in ((API_KEY, "the TMDb key"), (WRONG_KEY, "a rejected key")):
+        out += [f"{what} found in table {table}" for table in tables_containing(conn, secret)]
+        if any(secret in line for line in report.worker_errors):
+            out.append(f"{what} found in a worker's log")
+    return out
 
 
 def _chaos(
@@ -277,22 +553,60 @@ def _chaos(
 ) -> None:
     for worker in harness.workers:
         harness.start(worker)
+    _first_wakeups(harness.url, WAKEUP_WARMUP_SECONDS)
     total = max(1, int(seconds * OPS_PER_SECOND))
+    restarts = {int(total * at) for at in RESTART_AT} if harness.server.restartable else set()
+    backlog, storm = int(total * BACKLOG_AT), int(total * STORM_AT)
+    auth_backlog = int(total * AUTH_BACKLOG_AT)
     started = time.monotonic()
-    for op in range(total):
-        workload.step()
-        roll = schedule.random()
-        target = schedule.choice(harness.workers)
-        if roll < KILL_CHANCE:
-            harness.kill(target)
-        elif roll < KILL_CHANCE + PAUSE_CHANCE:
-            harness.pause(target)
-        if op % (OPS_PER_SECOND * 10) == 0 and op:
-            log(f"  {op}/{total} operations, {sum(harness.report.kills.values())} kills")
-        delay = started + (op + 1) / OPS_PER_SECOND - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
+    admin = connect(harness.url, application_name="chaos.harness")
+    try:
+        for op in range(total):
+            if op == backlog:
+                workload.apply("backlog", workload.backlog)
+            if op == storm:
+                workload.apply("throttle_storm", workload.throttle_storm)
+            if op == auth_backlog:
+                workload.apply("auth_backlog", workload.auth_backlog)
+            workload.step()
+            roll = schedule.random()
+            target = schedule.choice(harness.workers)
+            if roll < KILL_CHANCE:
+                harness.kill(target)
+            elif roll < KILL_CHANCE + PAUSE_CHANCE:
+                harness.pause(target)
+            elif roll < KILL_CHANCE + PAUSE_CHANCE + TERMINATE_CHANCE:
+                try:
+                    if admin.closed:
+                        admin = connect(harness.url, application_name="chaos.harness")
+                    harness.terminate(admin, target)
+                except DatabaseError:
+                    admin.close()  # the server restarting: the next one reconnects
+            if op in restarts:
+                harness.restart_server()
+            harness.restart_exited()
+            if op % (OPS_PER_SECOND * 10) == 0 and op:
+                log(f"  {op}/{total} operations, {sum(harness.report.kills.values())} kills")
+            delay = started + (op + 1) / OPS_PER_SECOND - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+    finally:
+        admin.close()
+    workload.end_storm()
     harness.resume_all()
+
+
+def _first_wakeups(url: str, timeout: float) -> None:
+    """Before the chaos, the setup's authentication backlog is verified and released in
+    two batches (a truncate during the chaos could otherwise wipe it untested); later
+    backlogs and key changes are woken under the chaos."""
+    started = time.monotonic()
+    with connect(url, application_name="chaos.harness") as conn:
+        while time.monotonic() - started < timeout:
+            row = fetch_one(conn, "SELECT count(DISTINCT batch) AS n FROM chaos_wakeup_releases")
+            if row is not None and row["n"] >= 2:
+                return
+            time.sleep(0.5)
 
 
 def _rebuild_and_compare(conn: Connection, harness: Harness) -> list[str]:
@@ -303,7 +617,7 @@ def _rebuild_and_compare(conn: Connection, harness: Harness) -> list[str]:
     except DatabaseError as exc:
         return [f"PR overview unreadable after quiescence: {exc}"]
     processors.request_rebuild(conn, None)
-    _, left = _quiesce(conn, QUIESCE_SECONDS, harness)
+    _, left = _quiesce(conn, MAX_QUIESCE_SECONDS, harness)
     if left:
         return [f"rebuild did not finish: {left}"]
     return invariants.projections_equal(incremental, invariants.projections(conn))

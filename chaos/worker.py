@@ -17,11 +17,19 @@ from uuid import UUID
 
 import pandas as pd
 
-from chaos.config import LEASE_SECONDS, PROFILE_POLICY, RETRY_POLICY
+from chaos.config import (
+    LEASE_SECONDS,
+    PROFILE_POLICY,
+    RETRY_POLICY,
+    WAKEUP_BACKOFF_SECONDS,
+    WAKEUP_RELEASE_LIMIT,
+    WAKEUP_SPACING_SECONDS,
+)
 from inventory_pipeline.credentials import service as credentials
 from inventory_pipeline.db import Connection, connect, execute
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.profiles.generator import generate_profile
+from inventory_pipeline.provider.models import FetchResult
 from inventory_pipeline.provider.tmdb import TmdbClient
 from inventory_pipeline.recovery import service as recovery
 from inventory_pipeline.stats import maintenance, processors
@@ -61,7 +69,10 @@ def slow_generate(frame: pd.DataFrame) -> dict[str, Any]:
 
 
 def refresher(conn: Connection) -> bool:
-    """One step of a refresh run: claim one request as its work begins, process it."""
+    """One step of a refresh run, through the same service calls as
+    `profiles.refresh` (claim one request as its work begins, process it), with the
+    token declared for the audit in between. Kept in this one place so it follows the
+    run's own path when that changes."""
     batch = profiles.claim(conn, PROFILE_POLICY)
     declare(conn, batch.lease_token)
     for claim in batch.claims:
@@ -69,30 +80,59 @@ def refresher(conn: Connection) -> bool:
     return bool(batch.claims)
 
 
+class StallingClient(TmdbClient):
+    """The product's client, now and then stalling past the lease after the answer: the
+    item is due again at once and another observer may take it, so the completion that
+    follows must find its claim lost and change nothing."""
+
+    def fetch(self, *args: Any, **kwargs: Any) -> FetchResult:
+        result = super().fetch(*args, **kwargs)
+        if random.random() < 0.05:
+            stall()
+        return result
+
+
 def observer(provider_url: str) -> Step:
-    client = TmdbClient(provider_url, timeout_seconds=1.0, max_body_bytes=64 * 1024)
+    """What an observation run does, one batch per step through the same service calls
+    (take nothing while the provider's throttling pauses admission; one attempt per
+    claim), with each claim's token declared for the audit."""
+    client = StallingClient(provider_url, timeout_seconds=1.0, max_body_bytes=64 * 1024)
 
     def step(conn: Connection) -> bool:
+        if recovery.admission_paused_seconds(conn) > 0:
+            return False
         claims = recovery.claim(conn, 4, LEASE_SECONDS)
+        settings = recovery.provider_settings(conn)
         for claim in claims:
-            settings = recovery.provider_settings(conn)
-            result = recovery.fetch(conn, claim, client, settings)
-            if random.random() < 0.05:
-                stall()  # the item is due again at once: another observer may take it
             declare(conn, claim.lease_token)
-            recovery.complete(conn, claim, result, RETRY_POLICY)
+            recovery.observe_claim(conn, claim, client, settings, RETRY_POLICY)
         return bool(claims)
 
     return step
 
 
 def prober(provider_url: str) -> Step:
+    """The credential wakeup job's two steps with the harness's clocks: verify the
+    current generation (claim, probe, complete, declaring the probe lease's token), then
+    one release batch."""
     client = credentials.probe_client(provider_url)
 
     def step(conn: Connection) -> bool:
-        verified = credentials.verify(conn, client, lease_seconds=LEASE_SECONDS)
-        released = credentials.release(conn)
-        return verified is not None or bool(released and released.released)
+        claim = None
+        if recovery.admission_paused_seconds(conn) <= 0:  # as verify(): wait out a pause
+            claim = credentials.claim_probe(conn, lease_seconds=LEASE_SECONDS)
+        if claim is not None:
+            outcome, retry_after = credentials.probe(conn, claim, client)
+            if random.random() < 0.05:
+                stall()  # the probe lease runs out: the completion must not verify
+            declare(conn, claim.lease_token)
+            credentials.complete_probe(
+                conn, claim, outcome, retry_after, backoff=WAKEUP_BACKOFF_SECONDS
+            )
+        released = credentials.release(
+            conn, limit=WAKEUP_RELEASE_LIMIT, spacing_seconds=WAKEUP_SPACING_SECONDS
+        )
+        return claim is not None or bool(released and released.released)
 
     return step
 
@@ -142,18 +182,32 @@ def role_step(role: str, provider_url: str) -> Step:
 ROLES = ("planner", "refresher", "observer", "prober", "stats", "maintainer")
 
 
+def error_line(role: str, exc: BaseException) -> str:
+    """`role: Type [SQLSTATE]: first line of the message` (no brackets without a code):
+    the harness judges by type and SQLSTATE, people read the message."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    sqlstate = getattr(exc, "sqlstate", None)
+    code = f" [{sqlstate}]" if sqlstate else ""
+    return f"{role}: {type(exc).__name__}{code}: {first}"
+
+
+def application_name(role: str, pid: int) -> str:
+    """The session name the audit records as the actor and the harness terminates by:
+    the role and the worker's process id."""
+    return f"chaos.{role}.{pid}"
+
+
 def main(argv: list[str]) -> int:
     role, db_url, provider_url = argv
     step = role_step(role, provider_url)
     while True:
         try:
-            with connect(db_url) as conn:
+            with connect(db_url, application_name=application_name(role, os.getpid())) as conn:
                 while True:
                     if not step(conn):
                         time.sleep(IDLE_SECONDS)
         except Exception as exc:  # a crashed loop restarts, as under a supervisor
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            print(f"{role}: {type(exc).__name__}: {first}", file=sys.stderr)
+            print(error_line(role, exc), file=sys.stderr, flush=True)
             time.sleep(IDLE_SECONDS)
 
 

@@ -2,12 +2,15 @@
 random stream, so a seed names the same operations in the same order every time.
 
 Writes go through plain SQL and the published write functions, as any application of
-the data contract would; nothing here calls the pipeline's own services.
+the data contract would; nothing here calls the pipeline's own services. Some go through
+a separate writer role that holds rights on the items table and nothing else (INSERT,
+UPDATE, DELETE, TRUNCATE, upserts, MERGE and COPY), as another program's sync would.
 """
 
 from __future__ import annotations
 
 import random
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -15,8 +18,28 @@ from dataclasses import dataclass, field
 from datetime import date, timedelta
 from typing import Any
 
-from chaos.config import API_KEY, WRONG_KEY
-from inventory_pipeline.db import Connection, DatabaseError, execute, fetch_all, fetch_one, jsonb
+from chaos.config import (
+    API_KEY,
+    AUTH_BACKLOG_CASES,
+    BACKLOG_ITEMS,
+    BACKLOG_LIBRARIES,
+    EXPECTED_SQLSTATE_CLASSES,
+    EXPECTED_SQLSTATES,
+    STORM_ITEMS,
+    STORM_OPERATIONS,
+    STORM_RETRY_AFTER,
+    WRONG_KEY,
+)
+from inventory_pipeline.db import (
+    Connection,
+    DatabaseError,
+    DatabaseUnavailable,
+    execute,
+    fetch_all,
+    fetch_one,
+    jsonb,
+)
+from inventory_pipeline.db.connection import translate_errors
 from inventory_pipeline.provider.standin import StandIn
 from tests.factories import insert_items, item_values
 
@@ -31,23 +54,76 @@ FAULTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("slow", {"delay": 1.5}),
     ("missing", {}),
 )
+# Typed TMDb identities no TMDb id can be read from: a superscript digit, Arabic-Indic
+# digits (isdigit() accepts both), signs, spaces, letters, empty, and numbers past any
+# id. Leading zeros and the int32 edge are odd but readable; they must not crash either.
+MALFORMED_IDS = ("²", "٦٠٣", "-5", " 12", "12a", "", "1e3", "99999999999999999999")
+ODD_IDS = (*MALFORMED_IDS, "007", "0", "2147483648")
+# The statements a writer role issues; MERGE may be refused by a server (feature).
+FEATURE_NOT_SUPPORTED = "0A000"
+WRITER_COLUMNS = (
+    "library_id",
+    "title",
+    "year",
+    "provider",
+    "provider_kind",
+    "provider_id",
+    "rating",
+    "genres",
+    "primary_studio",
+    "original_language",
+    "plot",
+)
+
+
+def writer_role(database: str) -> str:
+    """The writer role of one scratch database (roles are global to the server)."""
+    if not database.replace("_", "").isalnum() or not database.isascii():
+        raise ValueError(f"unexpected database name {database!r}")
+    return f"{database}_writer"
+
+
+def drop_writer_role(admin: Connection, database: str) -> None:
+    """After the database is gone (its grants went with it), the role can go too."""
+    execute(admin, f'DROP ROLE IF EXISTS "{writer_role(database)}"')
+
+
+def refusal_expected(exc: DatabaseError) -> bool:
+    """A write the database may refuse under chaos (a lock or statement timeout, a
+    connection lost to a restart or termination); anything else is a divergence."""
+    code = exc.sqlstate
+    if code is None:
+        return isinstance(exc, DatabaseUnavailable)
+    return code in EXPECTED_SQLSTATES or code.startswith(EXPECTED_SQLSTATE_CLASSES)
 
 
 @dataclass
 class Workload:
-    """Applies operations drawn from `rng` through `conn` (autocommit)."""
+    """Applies operations drawn from `rng` through `conn` (autocommit). `reconnect`,
+    when given, replaces a connection the server dropped (a restart)."""
 
     conn: Connection
     standin: StandIn
     rng: random.Random
     today: date
+    reconnect: Callable[[], Connection] | None = None
+    writer: Connection | None = None
+    role: str = ""  # the writer role, created by setup()
     users: list[uuid.UUID] = field(default_factory=list)
     sessions: dict[uuid.UUID, list[uuid.UUID]] = field(default_factory=dict)
     done: Counter[str] = field(default_factory=Counter)
     refused: Counter[str] = field(default_factory=Counter)
+    # Refusals the chaos does not explain: "operation [SQLSTATE]: message".
+    unexpected: Counter[str] = field(default_factory=Counter)
+    # Statements the server refuses on this table by design (MERGE, on some versions).
+    unsupported: Counter[str] = field(default_factory=Counter)
+    storms: list[tuple[float, float]] = field(default_factory=list)  # epoch seconds
+    storm_started: float | None = None
+    storm_left: int = 0
 
     def setup(self, libraries: int = 6, items_per_library: int = 15, users: int = 4) -> None:
         """The starting system of record: servers, libraries, items, users' logs."""
+        self._create_writer_role()
         servers = [self._server(f"server-{n}") for n in range(2)]
         kinds = ("movie", "tv")
         for n in range(libraries):
@@ -81,6 +157,7 @@ class Workload:
             )
             for _ in range(4):
                 self.save_session(user)
+        self.auth_backlog()
 
     # -- inventory ---------------------------------------------------------------------
 
@@ -135,18 +212,274 @@ class Workload:
         ids = self._item_ids(self.rng.randint(1, 3))
         execute(self.conn, "DELETE FROM media_server_items WHERE id = ANY(%s)", (ids,))
 
+    def _resync(self, conn: Connection) -> None:
+        """After a truncate, a sync refills some libraries."""
+        libraries = self._library_ids()
+        for library_id in self.rng.sample(libraries, min(8, len(libraries))):
+            self._write_rows(conn, library_id, self.rng.randint(0, 8))
+
     def truncate(self) -> None:
         execute(self.conn, "TRUNCATE media_server_items")
-        for library_id in self._library_ids():
-            self._insert_items(library_id, self.rng.randint(0, 8))
+        self._resync(self.conn)
 
     def correct_identity(self) -> None:
         for item_id in self._item_ids(1):
             execute(
                 self.conn,
-                "UPDATE media_server_items SET provider_kind = %s, provider_id = %s WHERE id = %s",
+                "UPDATE media_server_items SET provider = 'tmdb', provider_kind = %s,"
+                " provider_id = %s WHERE id = %s",
                 (self.rng.choice(("movie", "tv")), str(self.rng.randint(1, 400)), item_id),
             )
+
+    def auth_backlog(self, cases: int = AUTH_BACKLOG_CASES) -> None:
+        """More authentication cases than one release batch, cooling down for a day, as
+        a rejected key leaves them: only a verified key's wakeup releases them early."""
+        server = self._server(f"auth-server-{len(self._library_ids())}")
+        row = fetch_one(
+            self.conn,
+            "INSERT INTO libraries (server_id, name, media_kind) VALUES (%s, 'Auth', 'movie')"
+            " RETURNING id",
+            (server,),
+        )
+        assert row is not None
+        rows = item_values(self.rng, cases)
+        for item in rows:
+            item["provider_kind"] = "movie"
+            item["provider_id"] = str(self.rng.randint(1, 400))
+        ids = insert_items(self.conn, int(row["id"]), rows)
+        execute(
+            self.conn,
+            "UPDATE media_server_items SET recovery_case_id = gen_random_uuid(),"
+            " recovery_provider = provider, recovery_provider_kind = provider_kind,"
+            " recovery_provider_id = provider_id, recovery_category = 'auth',"
+            " recovery_attempts = 2, recovery_first_failed_at = now() - interval '1 hour',"
+            " recovery_last_failed_at = now() - interval '1 hour',"
+            " observation_due_at = now() + interval '1 day',"
+            " last_attempt_at = now() - interval '1 hour' WHERE id = ANY(%s)",
+            (ids,),
+        )
+
+    def delete_library(self) -> None:
+        """A library is deleted and created again under its name (a new id), as an
+        operator replacing a library does."""
+        row = fetch_one(
+            self.conn,
+            "SELECT id, server_id, name, media_kind FROM libraries WHERE id = %s",
+            (self.rng.choice(self._library_ids()),),
+        )
+        assert row is not None
+        execute(self.conn, "DELETE FROM libraries WHERE id = %s", (row["id"],))
+        self._library(int(row["server_id"]), row["name"], row["media_kind"])
+
+    def delete_server(self) -> None:
+        """A server and (by cascade) its libraries are deleted, then created again."""
+        servers = fetch_all(self.conn, "SELECT id, name FROM media_servers ORDER BY id")
+        server = self.rng.choice(servers)
+        kinds = [
+            r["media_kind"]
+            for r in fetch_all(
+                self.conn,
+                "SELECT media_kind FROM libraries WHERE server_id = %s ORDER BY id LIMIT 3",
+                (server["id"],),
+            )
+        ]
+        execute(self.conn, "DELETE FROM media_servers WHERE id = %s", (server["id"],))
+        new = self._server(server["name"])
+        for n, kind in enumerate(kinds or ["movie"]):
+            self._library(new, f"Library {server['name']}-{n}", kind)
+
+    def _library(self, server_id: int, name: str, media_kind: str) -> None:
+        row = fetch_one(
+            self.conn,
+            "INSERT INTO libraries (server_id, name, media_kind) VALUES (%s, %s, %s) RETURNING id",
+            (server_id, name, media_kind),
+        )
+        assert row is not None
+        self._insert_items(int(row["id"]), self.rng.randint(1, 10))
+
+    def odd_identity(self) -> None:
+        """An item whose typed identity is malformed or odd, inserted or corrected to."""
+        provider_id = self.rng.choice(ODD_IDS)
+        kind = self.rng.choice(("movie", "tv"))
+        if self.rng.random() < 0.5:
+            rows = item_values(self.rng, 1)
+            rows[0].update(provider_kind=kind, provider_id=provider_id)
+            insert_items(self.conn, self.rng.choice(self._library_ids()), rows)
+        else:
+            execute(
+                self.conn,
+                "UPDATE media_server_items SET provider = 'tmdb', provider_kind = %s,"
+                " provider_id = %s WHERE id = ANY(%s)",
+                (kind, provider_id, self._item_ids(1)),
+            )
+
+    def backlog(self) -> None:
+        """More dirty libraries at once than the refresh runs can take in one sensor
+        tick: a bulk import of a new server, one statement for every library's items
+        (no typed identities: the backlog is for profiles, not for TMDb)."""
+        server = self._server("backlog-server")
+        execute(
+            self.conn,
+            "INSERT INTO libraries (server_id, name, media_kind)"
+            " SELECT %s, 'Backlog ' || n, CASE WHEN n %% 2 = 0 THEN 'movie' ELSE 'tv' END"
+            " FROM generate_series(1, %s) AS n",
+            (server, BACKLOG_LIBRARIES),
+        )
+        execute(
+            self.conn,
+            "INSERT INTO media_server_items (library_id, title, year, rating, genres,"
+            " primary_studio, original_language)"
+            " SELECT l.id, 'Imported ' || k, 1950 + (l.id * 7 + k) %% 75,"
+            " ((l.id * 13 + k * 7) %% 100) / 10.0,"
+            " ARRAY[(ARRAY['Drama', 'Comedy', 'Action', 'Horror'])[1 + (l.id + k) %% 4]],"
+            " (ARRAY['A24', 'Toho', 'Pixar'])[1 + (l.id * k) %% 3],"
+            " (ARRAY['en', 'fr', 'ja'])[1 + k %% 3]"
+            " FROM libraries l, generate_series(1, %s) AS k WHERE l.server_id = %s",
+            (BACKLOG_ITEMS, server),
+        )
+
+    def throttle_storm(self) -> None:
+        """The stand-in answers 429 to everything for a while (a Retry-After each
+        time) just as a sync brings new items due for observation; the window is
+        recorded so the requests that reached the stand-in can be counted."""
+        if self.storm_started is not None:
+            return
+        self.standin.set_fault("throttle", retry_after=STORM_RETRY_AFTER)
+        self.storm_started = time.time()
+        self.storm_left = STORM_OPERATIONS
+        movies = [
+            int(r["id"])
+            for r in fetch_all(
+                self.conn, "SELECT id FROM libraries WHERE media_kind = 'movie' ORDER BY id"
+            )
+        ]
+        if movies:
+            self._insert_items(self.rng.choice(movies), STORM_ITEMS)
+
+    def end_storm(self) -> None:
+        if self.storm_started is not None:
+            self.standin.clear_fault()
+            self.storms.append((self.storm_started, time.time()))
+        self.storm_started = None
+        self.storm_left = 0
+
+    # -- a writer role with rights on the items table only ---------------------------------
+
+    def _create_writer_role(self) -> None:
+        row = fetch_one(self.conn, "SELECT current_database() AS db")
+        assert row is not None
+        role = writer_role(row["db"])
+        self.role = role
+        execute(self.conn, f'CREATE ROLE "{role}" NOLOGIN')
+        execute(
+            self.conn,
+            f'GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON media_server_items TO "{role}";'
+            f' GRANT SELECT ON libraries, media_servers TO "{role}";'
+            f' GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO "{role}"',
+        )
+
+    def _writer(self) -> Connection:
+        if self.writer is None or self.writer.closed:
+            assert self.reconnect is not None, "writer-role operations need reconnect"
+            self.writer = self.reconnect()
+            execute(self.writer, "SELECT set_config('role', %s, false)", (self.role,))
+        return self.writer
+
+    def _write_rows(self, conn: Connection, library_id: int, count: int) -> None:
+        rows = item_values(self.rng, count)
+        for row in rows:
+            row["provider_id"] = str(self.rng.randint(1, 400))
+        if rows:
+            insert_items(conn, library_id, rows)
+
+    def writer_insert(self) -> None:
+        self._write_rows(self._writer(), self.rng.choice(self._library_ids()), 3)
+
+    def writer_update(self) -> None:
+        execute(
+            self._writer(),
+            "UPDATE media_server_items SET rating = %s, primary_studio = %s WHERE id = ANY(%s)",
+            (
+                round(self.rng.uniform(0, 10), 1),
+                self.rng.choice(("A24", "Toho")),
+                self._item_ids(3),
+            ),
+        )
+
+    def writer_delete(self) -> None:
+        execute(
+            self._writer(),
+            "DELETE FROM media_server_items WHERE id = ANY(%s)",
+            (self._item_ids(2),),
+        )
+
+    def writer_truncate(self) -> None:
+        writer = self._writer()
+        execute(writer, "TRUNCATE media_server_items")
+        self._resync(writer)
+
+    def _incoming(self) -> list[dict[str, Any]]:
+        """Rows of a sync: some name existing items by id (updates), some are new."""
+        library = self.rng.choice(self._library_ids())
+        rows = item_values(self.rng, 4)
+        existing = self._item_ids(2)
+        for n, row in enumerate(rows):
+            row.update(
+                id=existing[n] if n < len(existing) else None,
+                library_id=library,
+                provider_id=str(self.rng.randint(1, 400)),
+                gone=n == 0 and self.rng.random() < 0.5,
+            )
+        return rows
+
+    def writer_upsert(self) -> None:
+        """INSERT ... ON CONFLICT (id) DO UPDATE: one statement that inserts new rows and
+        updates existing ones."""
+        execute(
+            self._writer(),
+            "INSERT INTO media_server_items AS t (id, library_id, title, provider,"
+            " provider_kind, provider_id, rating, genres)"
+            " SELECT coalesce(x.id, nextval(pg_get_serial_sequence('media_server_items', 'id'))),"
+            " x.library_id, x.title, x.provider, x.provider_kind, x.provider_id, x.rating,"
+            " x.genres FROM jsonb_to_recordset(%s) AS x(id bigint, library_id bigint,"
+            " title text, provider text, provider_kind text, provider_id text, rating numeric,"
+            " genres text[])"
+            " ON CONFLICT (id) DO UPDATE SET rating = EXCLUDED.rating, genres = EXCLUDED.genres,"
+            " library_id = EXCLUDED.library_id",
+            (jsonb(self._incoming()),),
+        )
+
+    def writer_merge(self) -> None:
+        """MERGE: update matched rows (or delete one), insert the rest, in one statement."""
+        try:
+            execute(
+                self._writer(),
+                "MERGE INTO media_server_items AS t"
+                " USING jsonb_to_recordset(%s) AS x(id bigint, library_id bigint, title text,"
+                " provider text, provider_kind text, provider_id text, rating numeric,"
+                " genres text[], gone boolean) ON t.id = x.id"
+                " WHEN MATCHED AND x.gone THEN DELETE"
+                " WHEN MATCHED THEN UPDATE SET rating = x.rating, genres = x.genres"
+                " WHEN NOT MATCHED THEN INSERT (library_id, title, provider, provider_kind,"
+                " provider_id, rating, genres) VALUES (x.library_id, x.title, x.provider,"
+                " x.provider_kind, x.provider_id, x.rating, x.genres)",
+                (jsonb(self._incoming()),),
+            )
+        except DatabaseError as exc:
+            if exc.sqlstate != FEATURE_NOT_SUPPORTED:
+                raise
+            self.unsupported[f"writer_merge: {exc}"] += 1
+
+    def writer_copy(self) -> None:
+        """COPY FROM STDIN, the bulk loader's statement."""
+        library = self.rng.choice(self._library_ids())
+        rows = item_values(self.rng, 3)
+        writer = self._writer()
+        statement = f"COPY media_server_items ({', '.join(WRITER_COLUMNS)}) FROM STDIN"
+        with translate_errors(), writer.cursor() as cursor, cursor.copy(statement) as copy:
+            for row in rows:
+                row.update(library_id=library, provider_id=str(self.rng.randint(1, 400)))
+                copy.write_row([row[c] for c in WRITER_COLUMNS])
 
     def toggle_library(self) -> None:
         library_id = self.rng.choice(self._library_ids())
@@ -234,6 +567,8 @@ class Workload:
     # -- provider and settings ---------------------------------------------------------
 
     def provider_fault(self) -> None:
+        if self.storm_left:
+            return  # a storm holds the stand-in
         if self.rng.random() < 0.4:
             self.standin.clear_fault()
             return
@@ -281,24 +616,61 @@ class Workload:
             ("edit_key", self.edit_key, 1),
             ("edit_language", self.edit_language, 1),
             ("edit_stats_settings", self.edit_stats_settings, 1),
+            ("auth_backlog", self.auth_backlog, 0.1),
+            ("delete_library", self.delete_library, 1),
+            ("delete_server", self.delete_server, 0.3),
+            ("odd_identity", self.odd_identity, 2),
+            ("throttle_storm", self.throttle_storm, 0.2),
+            ("writer_insert", self.writer_insert, 3),
+            ("writer_update", self.writer_update, 3),
+            ("writer_delete", self.writer_delete, 1),
+            ("writer_truncate", self.writer_truncate, 0.2),
+            ("writer_upsert", self.writer_upsert, 2),
+            ("writer_merge", self.writer_merge, 2),
+            ("writer_copy", self.writer_copy, 2),
         ]
 
     def step(self) -> str:
         """Draw and apply one operation. A write the database refuses (a lock timeout
         against a worker, say) is counted, never retried differently: the data stays as
-        the database left it."""
+        the database left it. A refusal the chaos does not explain is recorded apart."""
         ops = self.operations()
         name, apply, _ = self.rng.choices(ops, weights=[w for *_, w in ops])[0]
+        self.apply(name, apply)
+        if self.storm_left:
+            self.storm_left -= 1
+            if not self.storm_left:
+                self.end_storm()
+        return name
+
+    def apply(self, name: str, apply: Callable[[], None]) -> None:
+        if self.conn.closed and self.reconnect is not None:
+            try:
+                self.conn = self.reconnect()
+            except DatabaseUnavailable:
+                self.refused[name] += 1
+                return
         try:
             apply()
             self.done[name] += 1
-        except DatabaseError:
+        except DatabaseError as exc:
             self.refused[name] += 1
-        return name
+            if not refusal_expected(exc):
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                self.unexpected[f"{name} [{exc.sqlstate or '-'}]: {first}"] += 1
+            if isinstance(exc, DatabaseUnavailable) and self.reconnect is not None:
+                self.conn.close()
+                if self.writer is not None:
+                    self.writer.close()
 
     def settle(self) -> None:
         """Before quiescence: faults off and the right key, so every case can resolve."""
+        self.end_storm()
         self.standin.clear_fault()
+        if self.writer is not None:
+            self.writer.close()
+        if self.conn.closed and self.reconnect is not None:
+            self.conn = self.reconnect()
         execute(
             self.conn,
             "UPDATE provider_settings SET api_key = %s, active = true WHERE provider = 'tmdb'",

@@ -48,15 +48,25 @@ def probe_client(base_url: str) -> TmdbClient:
     )
 
 
-def status(conn: Connection) -> WakeupStatus | None:
-    return repository.status(conn, RELEASE_SPACING_SECONDS)
+def status(
+    conn: Connection, release_spacing_seconds: int = RELEASE_SPACING_SECONDS
+) -> WakeupStatus | None:
+    return repository.status(conn, release_spacing_seconds)
 
 
-def backoff_seconds(failures: int, rng: random.Random | None = None) -> int:
+# The failed-probe backoff as (start, cap) seconds: the seed's 15 minutes to six hours.
+# Callers other than the product's job (the convergence harness) pass shorter clocks.
+BACKOFF = (BACKOFF_MIN_SECONDS, BACKOFF_MAX_SECONDS)
+
+
+def backoff_seconds(
+    failures: int, rng: random.Random | None = None, bounds: tuple[int, int] = BACKOFF
+) -> int:
     """Backoff after a failed probe, `failures` being the earlier failures of this
-    generation: equal jitter between 15 minutes and six hours, the window doubling per
-    failure, never under 15 minutes or over six hours."""
-    return equal_jitter(BACKOFF_MIN_SECONDS, BACKOFF_MAX_SECONDS, failures + 1, rng)
+    generation: equal jitter between the start and the cap (`bounds`), the window
+    doubling per failure, never under the start or over the cap."""
+    start, cap = bounds
+    return equal_jitter(start, cap, failures + 1, rng)
 
 
 def claim_probe(conn: Connection, lease_seconds: int = PROBE_LEASE_SECONDS) -> ProbeClaim | None:
@@ -120,6 +130,7 @@ def complete_probe(
     outcome: ProbeOutcome,
     retry_after_seconds: int | None,
     rng: random.Random | None = None,
+    backoff: tuple[int, int] = BACKOFF,
 ) -> ProbeResult:
     retry_after = (
         None if retry_after_seconds is None else min(retry_after_seconds, RETRY_AFTER_CAP_SECONDS)
@@ -131,7 +142,7 @@ def complete_probe(
             claim.lease_token,
             claim.generation,
             outcome,
-            backoff_seconds(claim.probe_failures, rng),
+            backoff_seconds(claim.probe_failures, rng, backoff),
             retry_after,
         )
     return ProbeResult(claim.generation, outcome, bool(row and row["current"]), retry_after)
@@ -152,12 +163,17 @@ def verify(
     return complete_probe(conn, claim, outcome, retry_after)
 
 
-def release(conn: Connection) -> ReleaseResult | None:
-    """One bounded release batch of the verified generation; None when not due."""
+def release(
+    conn: Connection,
+    limit: int = RELEASE_LIMIT,
+    spacing_seconds: int = RELEASE_SPACING_SECONDS,
+) -> ReleaseResult | None:
+    """One bounded release batch of the verified generation; None when not due. At
+    most `limit` cases per batch, at least `spacing_seconds` after the previous one."""
     with transaction(conn):
         repository.set_lock_timeout(conn)
         settings = repository.lock_settings(conn)
-        wakeup = repository.lock_wakeup(conn, RELEASE_SPACING_SECONDS)
+        wakeup = repository.lock_wakeup(conn, spacing_seconds)
         if settings is None or wakeup is None or not settings["active"]:
             return None
         generation = settings["generation"]
@@ -170,11 +186,11 @@ def release(conn: Connection) -> ReleaseResult | None:
             generation,
             wakeup["verified_at"],
             int(wakeup["release_cursor"]),
-            RELEASE_LIMIT,
+            limit,
             RELEASE_SCAN,
         )
         released, scanned = int(row["released"]), int(row["scanned"])
-        if released == RELEASE_LIMIT:
+        if released == limit:
             cursor = int(row["last_released"])
         elif scanned == RELEASE_SCAN:
             cursor = int(row["last_scanned"])

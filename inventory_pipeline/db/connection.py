@@ -72,7 +72,9 @@ def connect(
         )
     except psycopg.OperationalError as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DatabaseUnavailable(f"cannot connect to {redact_url(url)}: {reason}") from None
+        raise DatabaseUnavailable(
+            f"cannot connect to {redact_url(url)}: {reason}", exc.sqlstate
+        ) from None
     with translate_errors():
         conn.execute(
             "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
@@ -87,13 +89,13 @@ def translate_errors() -> Iterator[None]:
     try:
         yield
     except errors.LockNotAvailable as exc:
-        raise LockNotAvailable(str(exc).strip()) from exc
+        raise LockNotAvailable(str(exc).strip(), exc.sqlstate) from exc
     except (psycopg.OperationalError, errors.IdleInTransactionSessionTimeout) as exc:
         # Unreachable, or the server ended an idle-in-transaction session (25P03):
         # either way this session is gone.
-        raise DatabaseUnavailable(str(exc).strip()) from exc
+        raise DatabaseUnavailable(str(exc).strip(), exc.sqlstate) from exc
     except psycopg.Error as exc:
-        raise DatabaseError(str(exc).strip()) from exc
+        raise DatabaseError(str(exc).strip(), exc.sqlstate) from exc
 
 
 @contextlib.contextmanager

@@ -10,8 +10,12 @@ from __future__ import annotations
 class DatabaseError(Exception):
     """The database reported an error."""
 
-    def __init__(self, message: str | None = None) -> None:
+    def __init__(self, message: str | None = None, sqlstate: str | None = None) -> None:
         super().__init__(message or (self.__doc__ or "").strip())
+        # The server's five-character error code (None when the client detected the
+        # failure itself, e.g. a refused or dropped connection): callers decide what is
+        # expected by code, never by message text.
+        self.sqlstate = sqlstate
 
 
 class DatabaseUnavailable(DatabaseError):

@@ -7,6 +7,7 @@ least five items contribute; otherwise it is recorded as insufficient, never gue
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -71,7 +72,9 @@ def _rating(frame: pd.DataFrame, item_count: int) -> dict[str, Any]:
     if contributors:
         p10, median, p90 = np.percentile(ratings, [10, 50, 90])  # linear interpolation
         published = {
-            "mean": _round(ratings.mean()),
+            # fsum is exact, so the mean (and its rounding) does not depend on the order
+            # the reader returned the items in; a float sum would move the last bit.
+            "mean": _round(math.fsum(ratings) / contributors),
             "median": _round(median),
             "p10": _round(p10),
             "p90": _round(p90),

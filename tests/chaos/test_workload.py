@@ -1,0 +1,155 @@
+"""The workload reaches the seams: deletion and re-creation, a writer role with table
+rights only, malformed identities, throttle storms and a backlog; and the checks that
+come with them see what they exist for."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from datetime import date
+from functools import partial
+
+import httpx
+import pytest
+
+from chaos import invariants
+from chaos.config import BACKLOG_LIBRARIES, STORM_ITEMS
+from chaos.workload import Workload, drop_writer_role
+from inventory_pipeline.db import Connection, connect, execute, fetch_all, fetch_one
+from inventory_pipeline.db.connection import database_name
+from inventory_pipeline.provider.standin import StandIn
+from tests import factories as f
+
+
+@pytest.fixture
+def workload(
+    conn: Connection, db_url: str, server_url: str, standin: StandIn
+) -> Iterator[Workload]:
+    load = Workload(conn, standin, random.Random(5), date(2026, 11, 30), partial(connect, db_url))
+    load._create_writer_role()
+    try:
+        yield load
+    finally:
+        if load.writer is not None:
+            load.writer.close()
+        # The role's grants are in this database: revoke them so the role can go now.
+        execute(conn, f'DROP OWNED BY "{load.role}"')
+        with connect(server_url) as admin:
+            drop_writer_role(admin, database_name(db_url))
+
+
+def test_a_refusal_the_chaos_does_not_explain_is_recorded(workload: Workload) -> None:
+    """A lock timeout is chaos; a writer refused for want of a right is a divergence."""
+    writer = workload._writer()
+    workload.apply("no_right", lambda: execute(writer, "SELECT * FROM provider_settings"))
+    workload.apply(
+        "lock_timeout",
+        lambda: execute(
+            workload.conn,
+            "DO $$ BEGIN RAISE EXCEPTION 'timed out' USING ERRCODE = 'lock_not_available'; END $$",
+        ),
+    )
+    assert workload.refused == {"no_right": 1, "lock_timeout": 1}
+    assert list(workload.unexpected) == [
+        "no_right [42501]: permission denied for table provider_settings"
+    ]
+
+
+def test_writer_role_holds_rights_on_the_items_table_only(
+    workload: Workload, server_url: str, db_url: str
+) -> None:
+    writer = workload._writer()
+    row = fetch_one(writer, "SELECT current_user AS who")
+    assert row is not None and row["who"] == workload.role
+    rights = fetch_all(
+        workload.conn,
+        "SELECT table_name, privilege_type FROM information_schema.role_table_grants"
+        " WHERE grantee = %s ORDER BY 1, 2",
+        (workload.role,),
+    )
+    assert {(r["table_name"], r["privilege_type"]) for r in rights} == {
+        ("libraries", "SELECT"),
+        ("media_servers", "SELECT"),
+        *{("media_server_items", p) for p in ("DELETE", "INSERT", "SELECT", "TRUNCATE", "UPDATE")},
+    }
+
+
+def test_malformed_identities_are_judged(conn: Connection) -> None:
+    lib = f.library(conn)
+    good, superscript, arabic = (f.tmdb_item(conn, lib, n) for n in (7, 8, 9))
+    execute(conn, "UPDATE media_server_items SET provider_id = '²' WHERE id = %s", (superscript,))
+    execute(conn, "UPDATE media_server_items SET provider_id = '٦٠٣' WHERE id = %s", (arabic,))
+    # What a reader that trusts isdigit() does: '٦٠٣' observed as TMDb 603.
+    execute(
+        conn,
+        "INSERT INTO provider_observations (item_id, source_generation, provider_kind,"
+        " tmdb_id, title, genres, companies, observed_at)"
+        " SELECT id, source_generation, 'movie', 603, 'x', '{}', '{}', now()"
+        " FROM media_server_items WHERE id = %s",
+        (arabic,),
+    )
+    assert invariants.malformed_identities(conn) == [
+        f"item {arabic}: malformed identity '٦٠٣' observed as TMDb 603",
+        f"item {superscript}: malformed identity '²' without an open recovery case",
+        f"item {arabic}: malformed identity '٦٠٣' without an open recovery case",
+    ]
+    assert invariants.outstanding(conn)["items never attempted"] == 3  # good too
+    execute(
+        conn,
+        "UPDATE media_server_items SET recovery_case_id = gen_random_uuid(),"
+        " recovery_provider = provider, recovery_provider_kind = provider_kind,"
+        " recovery_provider_id = provider_id, recovery_category = 'not_found',"
+        " recovery_attempts = 1, recovery_first_failed_at = now(),"
+        " recovery_last_failed_at = now() WHERE id = %s",
+        (superscript,),
+    )
+    assert invariants.malformed_identities(conn)[1:] == [
+        f"item {arabic}: malformed identity '٦٠٣' without an open recovery case"
+    ]
+    assert good not in (superscript, arabic)
+
+
+def test_a_storm_is_a_window_of_429s_with_items_due(
+    workload: Workload, standin: StandIn, conn: Connection
+) -> None:
+    f.library(conn, media_kind="movie")
+    workload.throttle_storm()
+    with httpx.Client() as client:
+        answers = [client.get(f"{standin.url}/3/movie/{n}").status_code for n in range(3)]
+    time.sleep(0.01)
+    workload.end_storm()
+    assert answers == [429, 429, 429]
+    [(start, end)] = workload.storms
+    assert sum(1 for t in standin.state.arrivals if start <= t <= end) == 3
+    row = fetch_one(conn, "SELECT count(*) AS n FROM media_server_items")
+    assert row is not None and row["n"] == STORM_ITEMS
+
+
+def test_the_backlog_turns_its_libraries_dirty_at_once(
+    workload: Workload, conn: Connection
+) -> None:
+    workload.backlog()
+    row = fetch_one(
+        conn,
+        "SELECT count(*) AS n, min(revision) AS lo, max(revision) AS hi,"
+        " count(DISTINCT dirty_since) AS moments FROM library_inventory_state",
+    )
+    assert row is not None
+    assert (row["n"], row["lo"], row["hi"], row["moments"]) == (BACKLOG_LIBRARIES, 1, 1, 1)
+    assert invariants.outstanding(conn)["dirty libraries"] == BACKLOG_LIBRARIES
+
+
+def test_deleted_libraries_and_servers_come_back_under_their_names(
+    workload: Workload, conn: Connection
+) -> None:
+    srv = f.server(conn, "home")
+    for n in range(2):
+        f.items(conn, f.library(conn, srv, name=f"L{n}"), 3)
+    before = fetch_all(conn, "SELECT id, name FROM libraries ORDER BY name")
+    workload.delete_library()
+    workload.delete_server()
+    after = fetch_all(conn, "SELECT id, name FROM libraries ORDER BY name")
+    assert {r["id"] for r in before}.isdisjoint({r["id"] for r in after})
+    servers = fetch_all(conn, "SELECT name FROM media_servers")
+    assert [r["name"] for r in servers] == ["home"]
