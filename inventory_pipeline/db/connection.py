@@ -83,6 +83,21 @@ def connect(
     return conn
 
 
+# The server ended the session (admin shutdown, crash, restart) or an idle-in-transaction
+# session (25P03); class 08 is a connection failure.
+_SESSION_GONE = frozenset({"57P01", "57P02", "57P03", "25P03"})
+
+
+def _session_gone(exc: psycopg.Error) -> bool:
+    """Is this session lost (retry elsewhere later), rather than one statement failed?
+    A deadlock (40P01), a statement timeout (57014) or an exhausted lock table (53200)
+    arrive as OperationalError too, but the session survives them: they are the
+    statement's error, not an unreachable database."""
+    if exc.sqlstate is None:
+        return isinstance(exc, psycopg.OperationalError)  # detected by the client
+    return exc.sqlstate.startswith("08") or exc.sqlstate in _SESSION_GONE
+
+
 @contextlib.contextmanager
 def translate_errors() -> Iterator[None]:
     """Turn driver errors into the project's own, keeping the server's message."""
@@ -90,11 +105,9 @@ def translate_errors() -> Iterator[None]:
         yield
     except errors.LockNotAvailable as exc:
         raise LockNotAvailable(str(exc).strip(), exc.sqlstate) from exc
-    except (psycopg.OperationalError, errors.IdleInTransactionSessionTimeout) as exc:
-        # Unreachable, or the server ended an idle-in-transaction session (25P03):
-        # either way this session is gone.
-        raise DatabaseUnavailable(str(exc).strip(), exc.sqlstate) from exc
     except psycopg.Error as exc:
+        if _session_gone(exc):
+            raise DatabaseUnavailable(str(exc).strip(), exc.sqlstate) from exc
         raise DatabaseError(str(exc).strip(), exc.sqlstate) from exc
 
 
