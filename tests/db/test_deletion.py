@@ -258,7 +258,7 @@ def stocked(conn: Connection, world: World) -> None:
 def claimed(conn: Connection, world: World) -> None:
     stocked(conn, world)
     profiles.plan(conn, POLICY)
-    world.data["claims"] = profiles.claim(conn, POLICY).claims
+    world.data["claims"] = profiles.claim(conn, POLICY, limit=10).claims
     assert len(world.data["claims"]) == 3
 
 
@@ -342,7 +342,7 @@ def emptied(conn: Connection, world: World) -> None:
         conn, "DELETE FROM media_server_items WHERE library_id = ANY (%s)", (list(world.libraries),)
     )
     profiles.plan(conn, POLICY)
-    world.data["claims"] = profiles.claim(conn, POLICY).claims
+    world.data["claims"] = profiles.claim(conn, POLICY, limit=10).claims
     assert len(world.data["claims"]) == 3
 
 
