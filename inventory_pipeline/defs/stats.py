@@ -85,18 +85,20 @@ def stats_refresh_sensor(
 
 
 class ControlAction(enum.Enum):
-    SHOW = "show"
-    SETTINGS = "settings"
-    PAUSE = "pause"
-    RESUME = "resume"
-    RETRY = "retry"
+    """What the control job does (run config names the member: `pause`, ...)."""
+
+    show = "show"
+    settings = "settings"
+    pause = "pause"
+    resume = "resume"
+    retry = "retry"
 
 
 class StatsWorkerControlConfig(dg.Config):
     """The runbook as run config: `settings` changes the values given (budgets in
     milliseconds), `retry` needs `job_id`."""
 
-    action: ControlAction = ControlAction.SHOW
+    action: ControlAction = ControlAction.show
     job_id: int | None = None
     claim_budget_ms: int | None = None
     compute_budget_ms: int | None = None
@@ -115,18 +117,18 @@ def control_stats_worker(
     changes = {name: getattr(config, name) for name in runbook.SETTING_NAMES}
     try:
         with inventory_db.connection() as conn:
-            if config.action is ControlAction.RETRY:
+            if config.action is ControlAction.retry:
                 if config.job_id is None:
                     raise runbook.RunbookError("retry needs job_id")
                 retried = runbook.retry(conn, config.job_id)
                 done = f"job {retried.job_id} retried as job {retried.successor_id}"
-            elif config.action is ControlAction.PAUSE:
+            elif config.action is ControlAction.pause:
                 runbook.pause(conn)
                 done = "paused: no claim starts until resumed"
-            elif config.action is ControlAction.RESUME:
+            elif config.action is ControlAction.resume:
                 runbook.resume(conn)
                 done = "resumed"
-            elif config.action is ControlAction.SETTINGS:
+            elif config.action is ControlAction.settings:
                 if all(value is None for value in changes.values()):
                     raise runbook.RunbookError("settings needs at least one value to change")
                 runbook.change_settings(conn, changes)
