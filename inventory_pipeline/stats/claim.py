@@ -8,23 +8,33 @@ from uuid import UUID, uuid4
 
 from inventory_pipeline.db import Connection, DatabaseError, transaction
 from inventory_pipeline.stats import repository as repo
-from inventory_pipeline.stats.models import UNIQUE_VIOLATION, StatsClaim, WorkerSettings
+from inventory_pipeline.stats.models import (
+    STATEMENT_TIMEOUT,
+    UNIQUE_VIOLATION,
+    StatsClaim,
+    WorkerSettings,
+)
 
 # Jobs a claim tries before giving up this round: a candidate can turn out to belong to
 # a user whose live job committed meanwhile, or to have exhausted its attempts.
 CLAIM_TRIES = 5
 
 
-def claim(conn: Connection, lock_owner: str, user_id: UUID | None = None) -> StatsClaim | None:
+def claim(
+    conn: Connection, lock_owner: str, user_id: UUID | None = None, wait: bool = True
+) -> StatsClaim | None:
     """Claim work, oldest first: resume a run due to resume (same token and cursor),
     revive a dead worker's job under a new lease at once, or start the oldest pending
     job of a user with no live job. None while paused, at the cap of active leases (a
-    run waiting out a retry does not hold a slot), or when nothing is claimable."""
+    run waiting out a retry does not hold a slot), when nothing is claimable, or when
+    the turn to count leases did not come within the claim budget (or at once, without
+    `wait`)."""
     with transaction(conn):
         settings = repo.arm_stage(conn, "claim", None)
         if settings.paused:
             return None
-        if repo.active_leases_after_lock(conn) >= settings.active_lease_cap:
+        active = _active_leases(conn, wait)
+        if active is None or active >= settings.active_lease_cap:
             return None
         resumable = repo.resumable_run(conn, user_id)
         if resumable is not None:
@@ -38,6 +48,18 @@ def claim(conn: Connection, lock_owner: str, user_id: UUID | None = None) -> Sta
             claimed = _start(conn, settings, job, lock_owner)
             if claimed is not None:
                 return claimed
+        return None
+
+
+def _active_leases(conn: Connection, wait: bool) -> int | None:
+    """Active leases once this claim has the turn; None if it did not get it (a
+    statement timeout while waiting rolls back only this step)."""
+    try:
+        with transaction(conn):
+            return repo.active_leases_after_lock(conn, wait)
+    except DatabaseError as exc:
+        if exc.sqlstate != STATEMENT_TIMEOUT:
+            raise
         return None
 
 

@@ -122,10 +122,12 @@ def process_user(conn: Connection, user_id: UUID, lock_owner: str) -> AccountRes
     subtransaction. Exactly a statement timeout (57014) rolls it back and reports
     worker_timed_out with the job still pending; any other cancellation is re-raised.
     An account that needs batches is deferred to the worker (batches need their own
-    transactions)."""
+    transactions). Its claim stays uncommitted until the end, holding the turn to count
+    leases: it never waits for that turn (idle if another claim has it), and other
+    claims wait for it at most their claim budget."""
     try:
         with transaction(conn):
-            claimed = claim(conn, lock_owner, user_id)
+            claimed = claim(conn, lock_owner, user_id, wait=False)
             if claimed is None:
                 remaining = repo.remaining_users(conn, user_id)
                 return AccountResult(user_id, "idle", None, remaining > 0, remaining)

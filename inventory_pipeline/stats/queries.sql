@@ -16,6 +16,11 @@ FROM stats_projection_worker_settings WHERE id = 1;
 -- follows, in a fresh snapshot, sees every committed lease: the cap holds atomically.
 SELECT pg_advisory_xact_lock(hashtextextended('stats_lease_slots', 0));
 
+-- name: try_lock_lease_slots
+-- The same turn without waiting (the scoped processor, whose claim stays uncommitted
+-- through its compute and publish, never queues behind another claim).
+SELECT pg_try_advisory_xact_lock(hashtextextended('stats_lease_slots', 0)) AS locked;
+
 -- name: active_leases
 -- Active by the one definition the status function uses too (stats_run_is_active).
 SELECT count(*) AS active FROM user_stats_projection_runs r

@@ -72,10 +72,14 @@ def update_settings(conn: Connection, changes: dict[str, int | bool | None]) -> 
 # -- claim ---------------------------------------------------------------------------
 
 
-def active_leases_after_lock(conn: Connection) -> int:
+def active_leases_after_lock(conn: Connection, wait: bool = True) -> int | None:
     """Take the lease-slot lock (claims take turns until commit), then count active
-    leases in a snapshot that sees every committed one."""
-    execute(conn, QUERIES["lock_lease_slots"])
+    leases in a snapshot that sees every committed one. None when `wait` is false and
+    another claim holds the turn."""
+    if wait:
+        execute(conn, QUERIES["lock_lease_slots"])
+    elif not _one(conn, "try_lock_lease_slots")["locked"]:
+        return None
     return int(_one(conn, "active_leases")["active"])
 
 

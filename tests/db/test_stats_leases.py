@@ -147,3 +147,17 @@ def test_a_resumed_run_respects_the_cap(conn: Connection, db_url: str) -> None:
     resumed = service.claim(conn, "w")
     assert resumed is not None and resumed.run_id == claimed.run_id
     assert processors.worker_status(conn)["active_leases"] == 3
+
+
+def test_a_claim_waits_for_its_turn_at_most_its_budget(conn: Connection, db_url: str) -> None:
+    """Another claim holding the turn to count leases (a scoped processor's claim stays
+    uncommitted through its compute): the worker's claim gives up after its budget, the
+    scoped processor at once, neither with an error."""
+    [user] = users_with_work(conn, 1)
+    execute(conn, "UPDATE stats_projection_worker_settings SET claim_budget_ms = 300")
+    with connect(db_url) as holder, holder.transaction():
+        execute(holder, "SELECT pg_advisory_xact_lock(hashtextextended('stats_lease_slots', 0))")
+        assert service.claim(conn, "w") is None
+        assert processors.process_user(conn, user, "app").outcome == "idle"
+    assert [j["status"] for j in sf.jobs(conn, user)] == ["pending"]
+    assert service.claim(conn, "w") is not None
