@@ -159,3 +159,15 @@ def test_cli_retry_refuses_a_job_that_did_not_fail(
     )
     row = fetch_one(conn, "SELECT count(*) AS n FROM user_exercise_stats_refresh_jobs")
     assert row == {"n": 1}
+
+
+def test_status_command_reports_freshness(
+    command: Run, conn: Connection, user: uuid.UUID, capsys: pytest.CaptureFixture[str]
+) -> None:
+    failed_job(conn, user)
+    command("pause")
+    assert cli.main(["status"]) == 0
+    out = capsys.readouterr().out
+    [line] = [x for x in out.splitlines() if x.startswith("stats freshness")]
+    assert "1 users stale; 1 with an owed range" in line
+    assert "1 exhausted jobs to retry" in line and line.endswith("worker PAUSED")
