@@ -1,4 +1,4 @@
-"""Dagster surface of the training stats worker (seed 001).
+"""Dagster surface of the training stats worker.
 
 The drain job drives the three committed stages; the database's leases and fence make
 duplicated or killed runs harmless. Projections are assets whose materializations say

@@ -7,7 +7,7 @@ from datetime import date, datetime
 from typing import Any, Literal
 from uuid import UUID
 
-# The compute responses (see docs in the README's training stats section).
+# The compute responses (their meaning: stats/compute.py).
 ComputeStatus = Literal["computed", "batch_pending", "retry_pending", "failed"]
 BATCH_SIZE = 100  # the measured candidate boundary, not an unlimited safety guarantee
 TRANSACTION_BOUNDARY = "transaction_boundary_required"

@@ -340,7 +340,7 @@ SET sessions = EXCLUDED.sessions, working_sets = EXCLUDED.working_sets,
     reps = EXCLUDED.reps, volume = EXCLUDED.volume, generation = EXCLUDED.generation;
 
 -- name: advance_applied
--- Public projections and applied_version change together (seed 001).
+-- Public projections and applied_version change together (one transaction).
 UPDATE user_stats_refresh_state
 SET applied_version = greatest(applied_version, %(generation)s), updated_at = now()
 WHERE user_id = %(user_id)s
