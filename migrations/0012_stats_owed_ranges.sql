@@ -26,11 +26,6 @@ $$;
 ALTER TABLE user_exercise_stats_refresh_jobs ALTER COLUMN exercise_ids DROP NOT NULL;
 ALTER TABLE user_stats_projection_runs ALTER COLUMN exercise_ids DROP NOT NULL;
 
--- One live (processing) job per user: two live jobs could publish generations out of
--- order.
-CREATE UNIQUE INDEX stats_jobs_one_live_per_user
-    ON user_exercise_stats_refresh_jobs (user_id) WHERE status = 'processing';
-
 -- The range of every job that failed without publishing, merged per user, until the
 -- next claim of that user takes it into its own range. While a row exists the user's
 -- stats are stale, whatever the versions say.
@@ -43,19 +38,28 @@ CREATE TABLE user_stats_owed_ranges (
     updated_at timestamptz NOT NULL DEFAULT now()
 );
 
+-- Owe one failed job's range: merged into the user's owed row with the queue's rules.
+CREATE FUNCTION stats_owe_range(
+    p_user_id uuid, p_from_date date, p_exercise_ids text[], p_job_id bigint
+) RETURNS void
+LANGUAGE sql
+AS $$
+    INSERT INTO user_stats_owed_ranges AS o (user_id, from_date, exercise_ids, failed_job_ids)
+    VALUES (p_user_id, p_from_date, p_exercise_ids, ARRAY[p_job_id])
+    ON CONFLICT (user_id) DO UPDATE
+    SET from_date = stats_merge_from_date(o.from_date, EXCLUDED.from_date),
+        exercise_ids = stats_merge_exercise_ids(o.exercise_ids, EXCLUDED.exercise_ids),
+        failed_job_ids = o.failed_job_ids || EXCLUDED.failed_job_ids,
+        updated_at = now()
+$$;
+
 -- Every path that fails a job (attempts exhausted in claim, compute or publish, an
 -- operator's UPDATE) owes its range: nothing a failed job held is dropped.
 CREATE FUNCTION stats_owe_failed_range() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    INSERT INTO user_stats_owed_ranges AS o (user_id, from_date, exercise_ids, failed_job_ids)
-    VALUES (NEW.user_id, NEW.from_date, NEW.exercise_ids, ARRAY[NEW.id])
-    ON CONFLICT (user_id) DO UPDATE
-    SET from_date = stats_merge_from_date(o.from_date, EXCLUDED.from_date),
-        exercise_ids = stats_merge_exercise_ids(o.exercise_ids, EXCLUDED.exercise_ids),
-        failed_job_ids = o.failed_job_ids || EXCLUDED.failed_job_ids,
-        updated_at = now();
+    PERFORM stats_owe_range(NEW.user_id, NEW.from_date, NEW.exercise_ids, NEW.id);
     RETURN NULL;
 END
 $$;
@@ -64,6 +68,29 @@ CREATE TRIGGER user_exercise_stats_refresh_jobs_owe_failed
     FOR EACH ROW
     WHEN (NEW.status = 'failed' AND OLD.status IS DISTINCT FROM 'failed')
     EXECUTE FUNCTION stats_owe_failed_range();
+
+-- An existing database: the jobs that failed before this migration may have lost their
+-- range (a later publication moved applied_version past it), so each one is owed once
+-- more; recomputing a range that was in fact published costs one compute and changes
+-- nothing.
+SELECT stats_owe_range(user_id, from_date, exercise_ids, id)
+FROM user_exercise_stats_refresh_jobs
+WHERE status = 'failed'
+ORDER BY id;
+
+-- One live (processing) job per user: two live jobs could publish generations out of
+-- order. Where an existing database holds two, the newest stays live and the others
+-- fail, owing their ranges (the trigger above), so nothing they held is dropped.
+UPDATE user_exercise_stats_refresh_jobs AS j
+SET status = 'failed',
+    error_message = 'another live job of this user was newer when one live job per user'
+        ' became a rule; its range is owed to the next job',
+    updated_at = now()
+WHERE j.status = 'processing'
+  AND EXISTS (SELECT 1 FROM user_exercise_stats_refresh_jobs AS n
+              WHERE n.user_id = j.user_id AND n.status = 'processing' AND n.id > j.id);
+CREATE UNIQUE INDEX stats_jobs_one_live_per_user
+    ON user_exercise_stats_refresh_jobs (user_id) WHERE status = 'processing';
 
 -- Merge-enqueue with the shared merge rules (NULL exercise ids: no exercise).
 CREATE OR REPLACE FUNCTION enqueue_user_exercise_stats_refresh_job(
