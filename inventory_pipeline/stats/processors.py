@@ -9,8 +9,10 @@ from uuid import UUID
 
 from inventory_pipeline.db import Connection, DatabaseError, transaction
 from inventory_pipeline.db.connection import is_error
+from inventory_pipeline.stats import rebuild
 from inventory_pipeline.stats import repository as repo
 from inventory_pipeline.stats.models import AccountResult, DrainSummary, PublishResult, StatsClaim
+from inventory_pipeline.stats.rebuild import RebuildProgress
 from inventory_pipeline.stats.service import (
     STATEMENT_TIMEOUT,
     TIMEOUT_MESSAGE,
@@ -130,11 +132,10 @@ def worker_status(conn: Connection) -> dict[str, Any]:
     return {} if row is None else dict(row["status"])
 
 
-def request_rebuild(conn: Connection, user_ids: list[UUID] | None) -> list[tuple[UUID, int]]:
-    """Enqueue full-history ranges through the queue (never around it)."""
-    with transaction(conn):
-        rows = repo.many(conn, "request_rebuild", {"user_ids": user_ids})
-    return [(r["user_id"], int(r["job_id"])) for r in rows]
+def request_rebuild(conn: Connection, user_ids: list[UUID] | None) -> RebuildProgress:
+    """Enqueue full-history ranges through the queue (never around it), one user per
+    transaction (see `rebuild.py`)."""
+    return rebuild.request_rebuild(conn, user_ids)
 
 
 def read_pr_overview(conn: Connection, user_id: UUID, as_of: Any) -> list[dict[str, Any]]:
