@@ -65,24 +65,27 @@ def test_pr_values_and_the_three_day_window(conn: Connection, user: uuid.UUID) -
     assert fails_closed(conn, uuid.uuid4(), TODAY)
 
 
-def test_window_moves_across_midnight_through_a_new_generation(
+def test_window_moves_across_midnight_in_the_applied_generation(
     conn: Connection, user: uuid.UUID
 ) -> None:
     sf.save(conn, user, TODAY, sf.sets(("squat", 100, 5)))
     processors.drain(conn, "test")
-    applied = sf.versions(conn, user)[1]
-    state = fetch_one(conn, "SELECT due_at FROM user_pr_overview_rollover_state")
-    assert state is not None
+    applied = sf.versions(conn, user)
     set_clock(conn, TODAY + timedelta(days=1))  # midnight passes
     execute(conn, "UPDATE user_pr_overview_rollover_state SET due_at = now()")  # and it is due
-    assert maintenance.rollover(conn) == maintenance.RolloverResult(requested=1, failed=0)
-    assert read(conn, user, TODAY + timedelta(days=1))  # the old window still serves meanwhile
-    processors.drain(conn, "test")
-    assert sf.versions(conn, user)[1] == applied + 1  # a new generation, not a patch
+    assert maintenance.rollover(conn) == maintenance.RolloverResult(rolled=1, failed=0)
+    assert sf.versions(conn, user) == applied  # no new generation requested or published
+    assert not [j for j in sf.jobs(conn, user) if j["status"] == "pending"]
     assert read(conn, user, TODAY + timedelta(days=2))
     assert fails_closed(conn, user, TODAY - timedelta(days=1))
-    headers = fetch_all(conn, "SELECT DISTINCT generation FROM user_pr_overview_snapshot_headers")
-    assert [h["generation"] for h in headers] == [applied + 1]
+    headers = fetch_all(
+        conn, "SELECT generation, as_of_date FROM user_pr_overview_snapshot_headers ORDER BY 2"
+    )
+    assert [(h["generation"], h["as_of_date"]) for h in headers] == [
+        (applied[1], TODAY + timedelta(days=d)) for d in (0, 1, 2)
+    ]
+    state = fetch_one(conn, "SELECT due_at, window_end FROM user_pr_overview_rollover_state")
+    assert state is not None and state["window_end"] == TODAY + timedelta(days=2)
 
 
 def test_rollover_failing_two_days_running_fails_closed_then_recovers(
@@ -97,14 +100,13 @@ def test_rollover_failing_two_days_running_fails_closed_then_recovers(
         for day in (1, 2):
             set_clock(conn, TODAY + timedelta(days=day))
             execute(conn, "UPDATE user_pr_overview_rollover_state SET due_at = now()")
-            assert maintenance.rollover(conn) == maintenance.RolloverResult(requested=0, failed=1)
+            assert maintenance.rollover(conn) == maintenance.RolloverResult(rolled=0, failed=1)
         overview = maintenance.rollover_overview(conn)
     assert overview["max_attempts"] == 2 and overview["failing_users"] == 1
     assert "lock" in overview["last_error"]
     assert fails_closed(conn, user, TODAY + timedelta(days=2))  # the window ran out
     execute(conn, "UPDATE user_pr_overview_rollover_state SET due_at = now()")
-    assert maintenance.rollover(conn).requested == 1
-    processors.drain(conn, "test")
+    assert maintenance.rollover(conn).rolled == 1
     assert read(conn, user, TODAY + timedelta(days=2))
     state = fetch_one(
         conn,
@@ -199,18 +201,18 @@ def test_backfill_scanner(conn: Connection, user: uuid.UUID) -> None:
         (user,),
     )
     processors.drain(conn, "test")
-    assert maintenance.scan(conn) == [(user, "sessions without rollups")]
+    assert maintenance.scan(conn).stale == ((user, "sessions without rollups"),)
     [job] = [j for j in sf.jobs(conn, user) if j["status"] == "pending"]
     assert (job["event_type"], job["from_date"], job["exercise_ids"]) == (
         "scheduled_stats_backfill",
         None,
         [],
     )
-    assert maintenance.scan(conn) == []  # open work is left to the worker
+    assert maintenance.scan(conn).stale == ()  # open work is left to the worker
     processors.drain(conn, "test")
     execute(conn, "DELETE FROM user_pr_overview_snapshot_headers WHERE user_id = %s", (other,))
     execute(conn, "DELETE FROM user_training_period_stats WHERE user_id = %s", (user,))
-    assert sorted(maintenance.scan(conn)) == sorted(
+    assert sorted(maintenance.scan(conn).stale) == sorted(
         [(user, "rollups without period stats"), (other, "PR snapshot gap")]
     )
 
