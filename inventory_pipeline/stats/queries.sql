@@ -454,8 +454,9 @@ SET LOCAL lock_timeout = '1s';
 -- name: rollover_next
 -- The next user whose three-day window is due, locked for this transaction; users another
 -- rollover holds, and those this tick already handled, are skipped (the due index, one
--- user per transaction).
-SELECT user_id, attempt_count
+-- user per transaction). The transaction commits asynchronously: a window is derived
+-- data, and a roll a crash loses is due again.
+SELECT user_id, attempt_count, set_config('synchronous_commit', 'off', true) AS async_commit
 FROM user_pr_overview_rollover_state
 WHERE due_at <= now() AND NOT (user_id = ANY (%(handled)s::uuid[]))
 ORDER BY due_at, user_id
