@@ -44,17 +44,28 @@ __all__ = [
 ]
 
 
-def _personal_step(conn: Connection) -> bool:
-    """Answer one personal catalog scope: only its owner gets a generation."""
-    with transaction(conn):
-        repo.set_lock_timeout(conn)
-        scope = repo.catalog_next_personal(conn)
+def _personal_step(conn: Connection, skipped: list[str]) -> bool | None:
+    """Answer one personal catalog scope: only its owner gets a generation. Returns
+    True when answered, False when its request failed (the scope joins `skipped` and is
+    answered next time), None when no scope is left."""
+    scope: tuple[str, int] | None = None
+    try:
+        with transaction(conn):
+            repo.set_lock_timeout(conn)
+            scope = repo.catalog_next_personal(conn, skipped)
+            if scope is None:
+                return None
+            owner, token = scope
+            repo.request_generation(conn, UUID(owner), "catalog_changed", "catalog changed", None)
+            repo.personal_scope_done(conn, owner, token)
+            return True
+    except DatabaseUnavailable:
+        raise
+    except DatabaseError:
         if scope is None:
-            return False
-        owner, token = scope
-        repo.request_generation(conn, UUID(owner), "catalog_changed", "catalog changed", None)
-        repo.personal_scope_done(conn, owner, token)
-        return True
+            raise
+        skipped.append(scope[0])
+        return False
 
 
 def _global_step(conn: Connection) -> tuple[bool, bool]:
@@ -78,23 +89,27 @@ def _global_step(conn: Connection) -> tuple[bool, bool]:
 def process_catalog(conn: Connection, page: int = CATALOG_USER_PAGE) -> int:
     """Answer catalog change tokens, one user per transaction: each personal change
     requests its owner; a global change pages through users (at most `page` per call).
-    Returns the users requested. A step that fails (a user's lock not available in
-    time) ends this call; the pass resumes at that user next time."""
+    Returns the users requested. A personal scope whose request fails (its user's lock
+    not available in time) is answered next time without holding up the others; a
+    global pass stops at such a user and resumes there next time."""
     requested = 0
+    skipped: list[str] = []
+    while requested + len(skipped) < page:
+        answered = _personal_step(conn, skipped)
+        if answered is None:
+            break
+        requested += int(answered)
+    global_users = 0
+    more = True
     try:
-        while requested < page and _personal_step(conn):
-            requested += 1
-        global_users = 0
-        more = True
         while more and global_users < page:
             asked, more = _global_step(conn)
             global_users += int(asked)
-            requested += int(asked)
     except DatabaseUnavailable:
         raise
     except DatabaseError:
-        pass  # counted so far; the failed step's user is asked again next time
-    return requested
+        pass  # the pass resumes at this user next time; never skipped
+    return requested + global_users
 
 
 @dataclass(frozen=True)

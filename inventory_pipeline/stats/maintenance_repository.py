@@ -138,8 +138,8 @@ def rollover_overview(conn: Connection) -> dict[str, Any]:
 # -- catalog -------------------------------------------------------------------------
 
 
-def catalog_next_personal(conn: Connection) -> tuple[str, int] | None:
-    row = fetch_one(conn, QUERIES["catalog_next_personal"])
+def catalog_next_personal(conn: Connection, skipped: list[str]) -> tuple[str, int] | None:
+    row = fetch_one(conn, QUERIES["catalog_next_personal"], {"skipped": skipped})
     return None if row is None else (str(row["scope"]), int(row["token"]))
 
 

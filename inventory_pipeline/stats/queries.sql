@@ -622,10 +622,12 @@ SELECT count(*) FILTER (WHERE due_at <= now()) AS due_backlog,
 FROM user_pr_overview_rollover_state;
 
 -- name: catalog_next_personal
--- One personal catalog scope with an unanswered token, locked for this transaction.
+-- One personal catalog scope with an unanswered token, locked for this transaction
+-- (scopes that failed in this tick are passed over until the next one).
 SELECT scope, token
 FROM catalog_invalidation_tokens
 WHERE scope <> 'global' AND token > processed_token
+  AND NOT (scope = ANY (%(skipped)s::text[]))
 ORDER BY scope
 LIMIT 1
 FOR UPDATE SKIP LOCKED;
@@ -766,9 +768,6 @@ WITH doomed AS (
     LIMIT %(limit)s
 )
 DELETE FROM exercise_catalog_changes c USING doomed WHERE c.seq = doomed.seq;
-
--- name: stats_today
-SELECT stats_clock_date() AS today;
 
 -- name: read_pr_overview
 SELECT exercise_id, best_e1rm_all_time, best_e1rm_30d, best_e1rm_30d_prior_year, heaviest_kg

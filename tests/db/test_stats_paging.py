@@ -233,3 +233,21 @@ def test_catalog_pass_takes_one_user_per_transaction(conn: Connection, db_url: s
     # Released: the pass resumes at the user it stopped at, never from the start.
     assert maintenance.process_catalog(conn, page=10) == 2
     assert all(sf.versions(conn, u)[0] == 3 for u in users)
+
+
+def test_a_failing_personal_scope_does_not_hold_up_the_others(
+    conn: Connection, db_url: str
+) -> None:
+    execute(conn, "SET lock_timeout = '1s'")
+    sf.exercise(conn, "squat")
+    maintenance.process_catalog(conn)  # the global insert above (nobody has stats yet)
+    first, second = sorted(uuid.uuid4() for _ in range(2))
+    sf.exercise(conn, "my_curl", owner=first)
+    sf.exercise(conn, "my_row", owner=second)
+    with connect(db_url) as holder:
+        hold_enqueue_lock(holder, first)
+        assert maintenance.process_catalog(conn) == 1
+        assert sf.versions(conn, second) == (1, 0) and sf.versions(conn, first) == (0, 0)
+    assert maintenance.process_catalog(conn) == 1
+    assert sf.versions(conn, first) == (1, 0)
+    assert maintenance.process_catalog(conn) == 0
