@@ -144,6 +144,7 @@ def rollover_day(admin_url: str, users: int, sessions: int) -> tuple[float, floa
                 if statement.strip():
                     execute(conn, statement, params)
             execute(conn, "SELECT set_config('inventory.stats_today', %s, false)", (str(today),))
+            execute(conn, "ANALYZE training_sessions, training_sets")
             ids = [r["user_id"] for r in fetch_all(conn, USER_IDS)]
             execute(
                 conn,
