@@ -382,10 +382,11 @@ SELECT (SELECT count(*) FROM user_exercise_stats_refresh_jobs WHERE status = 'pe
           AND (lease_until <= now() OR retry_not_before <= now())) AS waiting;
 
 -- name: build_pr_snapshot
--- seed 001: the PR overview window of one generation: database date -1, 0 and +1. Per
--- exercise as of each date: all-time best Epley estimate (manual PR records included),
--- the best in the rolling 30 days ending on it, the same window a year earlier, and the
--- heaviest weight. Built once per generation; the reader never computes.
+-- The PR overview window of one generation: database date -1, 0 and +1. Per exercise
+-- as of each date: all-time best Epley estimate (manual PR records included), the best
+-- in the rolling 30 days ending on it, the same window a year earlier, and the heaviest
+-- weight. Built whole at publication and moved day by day by rollover_window; the reader
+-- never computes.
 WITH days AS (
     SELECT (stats_clock_date() + d)::date AS as_of FROM generate_series(-1, 1) AS d
 ),

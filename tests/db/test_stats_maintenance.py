@@ -1,4 +1,4 @@
-"""seed 001 PR overview window, rollover, catalog invalidation, manual PRs, scanner and
+"""The PR overview window, rollover, catalog invalidation, manual PRs, scanner and
 retention on real PostgreSQL. The database date is set per session (the test clock)."""
 
 from __future__ import annotations
