@@ -4,7 +4,7 @@ overview rollover, catalog invalidation, the backfill scanner and retention."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, datetime
 from typing import Any
 from uuid import UUID
 
@@ -97,9 +97,19 @@ def request_generation(
 # -- rollover ------------------------------------------------------------------------
 
 
-def rollover_next(conn: Connection, handled: list[UUID]) -> UUID | None:
-    row = fetch_one(conn, QUERIES["rollover_next"], {"handled": handled})
-    return None if row is None else row["user_id"]
+def rollover_next(
+    conn: Connection, after: tuple[datetime, UUID] | None
+) -> tuple[datetime, UUID] | None:
+    """The next due user after `after` (due time, user) in due order, locked."""
+    row = fetch_one(
+        conn,
+        QUERIES["rollover_next"],
+        {
+            "after_due": None if after is None else after[0],
+            "after_user": None if after is None else after[1],
+        },
+    )
+    return None if row is None else (row["due_at"], row["user_id"])
 
 
 def rollover_lock_state(conn: Connection, user_id: UUID) -> UserVersions | None:

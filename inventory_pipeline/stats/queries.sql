@@ -453,13 +453,16 @@ SET due_at = EXCLUDED.due_at,
 SET LOCAL lock_timeout = '1s';
 
 -- name: rollover_next
--- The next user whose three-day window is due, locked for this transaction; users another
--- rollover holds, and those this tick already handled, are skipped (the due index, one
--- user per transaction). The transaction commits asynchronously: a window is derived
--- data, and a roll a crash loses is due again.
-SELECT user_id, attempt_count, set_config('synchronous_commit', 'off', true) AS async_commit
+-- The next user whose three-day window is due, after the tick's last one in due order
+-- (a keyset: no walk over the users this tick already moved), locked for this
+-- transaction; users another rollover holds are skipped. One user per transaction. The
+-- transaction commits asynchronously: a window is derived data, and a roll a crash
+-- loses is due again.
+SELECT user_id, due_at, set_config('synchronous_commit', 'off', true) AS async_commit
 FROM user_pr_overview_rollover_state
-WHERE due_at <= now() AND NOT (user_id = ANY (%(handled)s::uuid[]))
+WHERE due_at <= now()
+  AND (due_at, user_id) > (coalesce(%(after_due)s::timestamptz, '-infinity'),
+                           coalesce(%(after_user)s::uuid, '00000000-0000-0000-0000-000000000000'))
 ORDER BY due_at, user_id
 LIMIT 1
 FOR UPDATE SKIP LOCKED;

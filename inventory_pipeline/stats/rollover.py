@@ -14,7 +14,8 @@ retries with backoff, as the operator's overview shows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from typing import Any, Literal
 from uuid import UUID
 
 from inventory_pipeline.db import Connection, DatabaseError, savepoint, transaction
@@ -40,47 +41,56 @@ class RolloverResult:
         return self.rolled
 
 
+@dataclass(frozen=True)
+class RolledUser:
+    """One user's rollover: its place in due order and what happened."""
+
+    position: tuple[datetime, UUID]
+    outcome: Literal["rolled", "deferred", "failed"]
+
+
 def _error_line(exc: DatabaseError) -> str:
     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return first[:200]
 
 
-def roll_one(conn: Connection, handled: list[UUID]) -> str | None:
-    """Roll the next due user not in `handled` in one transaction (and add it there);
-    returns 'rolled', 'deferred' or 'failed', or None when nobody is due."""
+def roll_one(conn: Connection, after: tuple[datetime, UUID] | None) -> RolledUser | None:
+    """Roll the next due user after `after` (in due order) in one transaction; None
+    when nobody is due."""
     with transaction(conn):
         repo.set_lock_timeout(conn)
-        user_id = repo.rollover_next(conn, handled)
-        if user_id is None:
+        due = repo.rollover_next(conn, after)
+        if due is None:
             return None
-        handled.append(user_id)
+        user_id = due[1]
         versions = repo.rollover_lock_state(conn, user_id)
         if versions is None:
             repo.rollover_failed(conn, user_id, STATE_BUSY)
-            return "failed"
+            return RolledUser(due, "failed")
         if versions.requested_version != versions.applied_version:
             repo.rollover_deferred(conn, user_id)
-            return "deferred"
+            return RolledUser(due, "deferred")
         try:
             with savepoint(conn):
                 repo.rollover_window(conn, user_id, versions.applied_version)
                 repo.schedule_rollover(conn, user_id, versions.applied_version)
         except DatabaseError as exc:
             repo.rollover_failed(conn, user_id, _error_line(exc))
-            return "failed"
-        return "rolled"
+            return RolledUser(due, "failed")
+        return RolledUser(due, "rolled")
 
 
 def rollover(conn: Connection, limit: int = ROLLOVER_PAGE) -> RolloverResult:
-    """Up to `limit` due users, one per transaction."""
+    """Up to `limit` due users, one per transaction, in due order."""
     limit = max(1, min(limit, ROLLOVER_PAGE_MAX))
     counts = {"rolled": 0, "deferred": 0, "failed": 0}
-    handled: list[UUID] = []
+    after: tuple[datetime, UUID] | None = None
     for _ in range(limit):
-        outcome = roll_one(conn, handled)
-        if outcome is None:
+        done = roll_one(conn, after)
+        if done is None:
             break
-        counts[outcome] += 1
+        counts[done.outcome] += 1
+        after = done.position
     return RolloverResult(counts["rolled"], counts["failed"], counts["deferred"])
 
 
