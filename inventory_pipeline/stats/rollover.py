@@ -21,7 +21,7 @@ from uuid import UUID
 from inventory_pipeline.db import Connection, DatabaseError, savepoint, transaction
 from inventory_pipeline.stats import maintenance_repository as repo
 
-ROLLOVER_PAGE = 100
+ROLLOVER_PAGE = 500
 ROLLOVER_PAGE_MAX = 1000
 STATE_BUSY = "stats state locked by a save or publication in progress"
 
