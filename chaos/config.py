@@ -81,7 +81,7 @@ TERMINATE_CHANCE = 0.02  # pg_terminate_backend of one worker's session
 # SIGKILL or terminate a stats worker that holds a live claim, inside a transaction when
 # one is caught there (the harness looks a few times, a few milliseconds apart).
 CLAIM_KILL_CHANCE = 0.025
-CLAIM_KILL_LOOKS = 6
+CLAIM_KILL_LOOKS = 20
 PAUSE_SECONDS = LEASE_SECONDS + 1.5  # outlives the lease
 # Database restarts, at these fractions of the run's operations (when the server can be
 # restarted: an embedded or private cluster, or a restart command given explicitly).

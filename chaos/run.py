@@ -323,7 +323,7 @@ class Harness:
             holder = fetch_one(conn, invariants.CLAIM_HOLDERS)
             if holder is None or holder["in_transaction"]:
                 break
-            time.sleep(0.005)
+            time.sleep(0.003)
         if holder is None:
             return
         worker = next(

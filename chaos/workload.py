@@ -175,6 +175,12 @@ class Workload:
             "UPDATE provider_settings SET api_key = %s, active = true WHERE provider = 'tmdb'",
             (API_KEY,),
         )
+        self.setup_training(users, large_users)
+        self.auth_backlog()
+
+    def setup_training(self, users: int = SMALL_USERS, large_users: int = LARGE_USERS) -> None:
+        """The catalog and the users' logs: small accounts of a few lifts, and large
+        ones holding more exercises than one compute batch."""
         for exercise in GLOBAL_EXERCISES:
             execute(
                 self.conn,
@@ -203,7 +209,6 @@ class Workload:
             self.sessions[user] = []
             for _ in range(LARGE_IMPORT_SESSIONS):
                 self.save_large(user, everything=True)
-        self.auth_backlog()
 
     # -- inventory ---------------------------------------------------------------------
 
@@ -784,6 +789,11 @@ class Workload:
         ops = self.operations()
         name, apply, _ = self.rng.choices(ops, weights=[w for *_, w in ops])[0]
         self.apply(name, apply)
+        self.tick()
+        return name
+
+    def tick(self) -> None:
+        """One operation has passed: a storm or a budget squeeze may be over."""
         if self.storm_left:
             self.storm_left -= 1
             if not self.storm_left:
@@ -792,7 +802,6 @@ class Workload:
             self.squeeze_left -= 1
             if not self.squeeze_left:
                 self.apply("restore_budget", self.restore_budget)
-        return name
 
     def apply(self, name: str, apply: Callable[[], None]) -> None:
         if self.conn.closed and self.reconnect is not None:
