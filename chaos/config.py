@@ -110,12 +110,13 @@ SMALL_USERS = 6
 # and then as a drawn operation) the attempt cap drops to 2 or 3, with the compute
 # budget at 1 ms half the time (every compute times out) and untouched otherwise (edits
 # during a large account's batches invalidate its attempts); then both are restored.
-SQUEEZE_AT = 0.35
+SQUEEZE_AT = 0.55
 SQUEEZE_OPERATIONS = 80  # 10 s at 8 operations/s
 SQUEEZED_ATTEMPTS = (2, 3)
 SQUEEZED_COMPUTE_BUDGET_MS = 1
-# An operator's rebuild of every user, issued beside the writes (its own connection).
-REBUILD_AT = 0.5
+# An operator's rebuild of every user, issued beside the writes (its own connection);
+# before the squeeze, so that it cannot cover the ranges the squeeze makes fail.
+REBUILD_AT = 0.3
 # One user's sessions are all deleted here and no session is saved for it afterwards:
 # the comparisons must find nothing left of them.
 EMPTY_USER_AT = 0.7
