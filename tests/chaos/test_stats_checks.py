@@ -386,3 +386,65 @@ def test_the_rebuild_covers_users_whose_sessions_were_all_deleted(conn: Connecti
     assert invariants.projections_equal(before, invariants.projections(conn)) == [
         "exercise stats: 1 rows differ from a full recomputation"
     ]
+
+
+# -- the defects, seen through the harness's checks ------------------------------------------
+
+
+def test_a_failed_jobs_range_is_never_lost_to_the_checks(db_url: str, conn: Connection) -> None:
+    """Save D1 with squat, its job fails every attempt (compute budget squeezed while its
+    output table is locked), save D2 with bench, drain: the checks must find squat
+    published (on a product that drops the failed range they report it owed and the
+    oracle a missing squat row)."""
+    _today(conn)
+    for lift in ("squat", "bench_press"):
+        sf.exercise(conn, lift)
+    user = uuid.uuid4()
+    sf.save(conn, user, TODAY - timedelta(days=2), sf.sets(("squat", 100, 5)))
+    claim = stats_service.claim(conn, "chaos-1")
+    assert claim is not None
+    execute(
+        conn,
+        "UPDATE stats_projection_worker_settings SET compute_budget_ms = 300,"
+        " retry_backoff_seconds = 0",
+    )
+    with connect(db_url) as blocker, transaction(blocker):
+        execute(blocker, "LOCK TABLE stats_output_exercise IN EXCLUSIVE MODE")
+        statuses = [stats_service.compute(conn, claim).status for _ in range(3)]
+    assert statuses == ["retry_pending", "retry_pending", "failed"]
+    execute(conn, "UPDATE stats_projection_worker_settings SET compute_budget_ms = 60000")
+    sf.save(conn, user, TODAY - timedelta(days=1), sf.sets(("bench_press", 100, 5)))
+    _drain(conn)
+    assert sf.versions(conn, user) == (2, 2)
+    assert invariants.owed_ranges(conn) == []
+    assert stats_oracle.check(conn) == []
+
+
+def test_two_live_jobs_of_one_user_never_publish_backwards(db_url: str, conn: Connection) -> None:
+    """A claim holds the older pending job J2 while a save enqueues J1 beside it (the
+    enqueue skips the locked row); another worker claims and publishes J1; the first
+    claim rolls back and J2 is claimed after all: its older generation must be refused,
+    never published under the newer one (the checks see every table)."""
+    _today(conn)
+    _audited(conn)
+    sf.exercise(conn, "squat")
+    user = uuid.uuid4()
+    sf.save(conn, user, TODAY - timedelta(days=2), sf.sets(("squat", 100, 5)))
+    [older] = sf.jobs(conn, user)
+    with connect(db_url) as holder:
+        with transaction(holder):
+            execute(
+                holder,
+                "SELECT id FROM user_exercise_stats_refresh_jobs WHERE id = %s FOR UPDATE",
+                (older["id"],),
+            )
+            sf.save(conn, user, TODAY - timedelta(days=1), sf.sets(("squat", 110, 5)))
+            newer = stats_service.claim(conn, "chaos-2")
+            assert newer is not None and newer.job_id != older["id"]
+            assert stats_service.compute(conn, newer).status == "computed"
+            stats_service.publish(conn, newer)
+        # The holder's transaction ends without claiming: a claim that rolled back.
+    _drain(conn)
+    assert invariants.stats_generations(conn) == []
+    assert sf.versions(conn, user)[0] == sf.versions(conn, user)[1]
+    assert stats_oracle.check(conn) == []
