@@ -759,7 +759,9 @@ class Workload:
             ("delete_session", self.delete_session, 3),
             ("save_manual_pr", self.save_manual_pr, 2),
             ("delete_manual_pr", self.delete_manual_pr, 1),
-            ("change_catalog", self.change_catalog, 2),
+            # A global catalog change and a rebuild request every user's whole history:
+            # they would cover (and hide) a dropped range within seconds if frequent.
+            ("change_catalog", self.change_catalog, 0.6),
             ("provider_fault", self.provider_fault, 3),
             ("edit_key", self.edit_key, 1),
             ("edit_language", self.edit_language, 1),
@@ -767,7 +769,7 @@ class Workload:
             ("save_large", self.save_large, 4),
             ("delete_all_sessions", self.delete_all_sessions, 0.3),
             ("squeeze_budget", self.squeeze_budget, 0.2),
-            ("rebuild_everyone", self.rebuild_everyone, 0.3),
+            ("rebuild_everyone", self.rebuild_everyone, 0.1),
             ("auth_backlog", self.auth_backlog, 0.1),
             ("delete_library", self.delete_library, 1),
             ("delete_server", self.delete_server, 0.3),
