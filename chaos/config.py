@@ -108,8 +108,9 @@ LARGE_IMPORT_SESSIONS = 3  # at setup, each holding every one of the large exerc
 SMALL_USERS = 6
 # Exhausted attempts: for this many operations from this fraction of the run (and now
 # and then as a drawn operation) the attempt cap drops to 2 or 3, with the compute
-# budget at 1 ms half the time (every compute times out) and untouched otherwise (edits
-# during a large account's batches invalidate its attempts); then both are restored.
+# budget at 1 ms (every compute times out: always at the fixed point, half the time when
+# drawn) or untouched (edits during a large account's batches invalidate its attempts);
+# then both are restored.
 SQUEEZE_AT = 0.55
 SQUEEZE_OPERATIONS = 80  # 10 s at 8 operations/s
 SQUEEZED_ATTEMPTS = (2, 3)

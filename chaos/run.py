@@ -51,6 +51,7 @@ from chaos.config import (
     REBUILD_AT,
     RESTART_AT,
     SQUEEZE_AT,
+    SQUEEZED_COMPUTE_BUDGET_MS,
     STATS_SETTINGS,
     STORM_AT,
     TERMINATE_CHANCE,
@@ -623,7 +624,10 @@ def _chaos(
             if op == auth_backlog:
                 workload.apply("auth_backlog", workload.auth_backlog)
             if op == squeeze:
-                workload.apply("squeeze_budget", workload.squeeze_budget)
+                workload.apply(
+                    "squeeze_budget",
+                    lambda: workload.squeeze_budget(SQUEEZED_COMPUTE_BUDGET_MS),
+                )
             if op == rebuild:
                 workload.apply("rebuild_everyone", workload.rebuild_everyone)
             if op == empty_user:

@@ -628,13 +628,14 @@ class Workload:
 
     # -- the stats operator ----------------------------------------------------------------
 
-    def squeeze_budget(self) -> None:
-        """The attempt cap drops (and, half the time, the compute budget to 1 ms) for a
-        while: jobs exhaust their attempts, and their ranges must stay owed."""
+    def squeeze_budget(self, budget: int | None = None) -> None:
+        """The attempt cap drops (and the compute budget to `budget`, or half the time to
+        1 ms) for a while: jobs exhaust their attempts, and their ranges must stay owed."""
         if self.squeeze_left:
             return
         attempts = self.rng.choice(SQUEEZED_ATTEMPTS)
-        budget = self.rng.choice((SQUEEZED_COMPUTE_BUDGET_MS, STATS_SETTINGS["compute_budget_ms"]))
+        drawn = self.rng.choice((SQUEEZED_COMPUTE_BUDGET_MS, STATS_SETTINGS["compute_budget_ms"]))
+        budget = drawn if budget is None else budget
         execute(
             self.conn,
             "UPDATE stats_projection_worker_settings SET max_attempts = %s, compute_budget_ms = %s",
