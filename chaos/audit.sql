@@ -208,6 +208,29 @@ END $$;
 CREATE TRIGGER chaos_publication_audit AFTER UPDATE ON user_stats_projection_runs
     FOR EACH ROW EXECUTE FUNCTION chaos_publication_audit();
 
+-- Every step of a stats run (a claim, each compute call that moved its payload or
+-- phase) and who took it: a batch run resumed under its token may be stepped by
+-- several processes in turn, never two at once (its row lock).
+CREATE TABLE chaos_stats_steps (
+    seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
+    run_id bigint NOT NULL,
+    phase text NOT NULL,
+    worker_pid integer DEFAULT substring(current_setting('application_name') FROM '[.]([0-9]+)$')::integer,
+    backend_pid integer NOT NULL DEFAULT pg_backend_pid(),
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE FUNCTION chaos_stats_step_audit() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    IF TG_OP = 'INSERT' OR NEW.payload IS DISTINCT FROM OLD.payload
+       OR NEW.phase IS DISTINCT FROM OLD.phase THEN
+        INSERT INTO chaos_stats_steps (run_id, phase) VALUES (NEW.id, NEW.phase);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER chaos_stats_step_audit AFTER INSERT OR UPDATE ON user_stats_projection_runs
+    FOR EACH ROW EXECUTE FUNCTION chaos_stats_step_audit();
+
 -- Jobs that ended failed (attempts exhausted, or a non-retryable error): each one's
 -- range must still be owed, never silently dropped.
 CREATE TABLE chaos_stats_job_failures (

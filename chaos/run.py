@@ -423,6 +423,8 @@ def _audit(conn: Connection) -> dict[str, int]:
         " (SELECT count(DISTINCT worker_pid) FROM chaos_stats_publications)"
         "   AS stats_publishing_processes,"
         " (SELECT count(*) FROM chaos_stats_job_failures) AS stats_exhausted_jobs,"
+        " (SELECT count(*) FROM (SELECT run_id FROM chaos_stats_steps GROUP BY run_id"
+        "   HAVING count(DISTINCT backend_pid) > 1) r) AS stats_runs_stepped_by_several,"
         " (SELECT count(*) FROM user_stats_projection_runs WHERE error = 'lease expired')"
         "   AS stats_runs_expired,"
         " (SELECT count(*) FROM chaos_item_claims) AS item_claims,"

@@ -448,3 +448,31 @@ def test_two_live_jobs_of_one_user_never_publish_backwards(db_url: str, conn: Co
     assert invariants.stats_generations(conn) == []
     assert sf.versions(conn, user)[0] == sf.versions(conn, user)[1]
     assert stats_oracle.check(conn) == []
+
+
+def test_a_batch_run_resumed_by_another_process_is_counted(db_url: str) -> None:
+    """Two processes can share a resumed token: the steps audit says who stepped a run,
+    and the publication which process published it."""
+    with (
+        connect(db_url, application_name="chaos.stats.1") as first,
+        connect(db_url, application_name="chaos.drainer.2") as second,
+    ):
+        _audited(first)
+        user = uuid.uuid4()
+        lifts = [sf.exercise(first, f"lift_{n:03d}") for n in range(105)]
+        sf.save(first, user, TODAY, [sf.sets((lift, 60, 5))[0] for lift in lifts])
+        claim = stats_service.claim(first, "chaos-1")
+        assert claim is not None
+        assert stats_service.compute(first, claim).status == "batch_pending"
+        sf.expire_run(first, claim.run_id, claim.lease_token)  # the first process died
+        resumed = stats_service.claim(second, "chaos-2")
+        assert resumed is not None and resumed.lease_token == claim.lease_token
+        processors.process_claim(second, resumed)
+        row = fetch_one(
+            second,
+            "SELECT (SELECT count(*) FROM (SELECT run_id FROM chaos_stats_steps"
+            "   GROUP BY run_id HAVING count(DISTINCT backend_pid) > 1) r) AS several,"
+            " (SELECT array_agg(DISTINCT worker_pid) FROM chaos_stats_steps) AS workers,"
+            " (SELECT worker_pid FROM chaos_stats_publications) AS publisher",
+        )
+    assert row == {"several": 1, "workers": [1, 2], "publisher": 2}
