@@ -239,7 +239,7 @@ CREATE TABLE chaos_stats_job_failures (
     user_id uuid NOT NULL,
     requested_version bigint NOT NULL,
     from_date date,
-    exercise_ids text[] NOT NULL,
+    exercise_ids text[],  -- NULL: no exercise (period stats only)
     error text,
     failed_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
