@@ -435,36 +435,38 @@ def stats_users(conn: Connection) -> list[Any]:
     ]
 
 
+# Ranges owed, judged from the queue and the runs alone: jobs that ended failed whose
+# range (dates and exercises; no exercises: period stats only) no run of their user
+# published that began after their own last run (after they failed, when they never
+# ran), whatever the product records as owed.
+OWED = (
+    "SELECT f.id AS job_id, f.user_id, f.from_date, f.requested_version,"
+    " CASE WHEN f.exercise_ids IS NULL THEN 'none'"
+    "   WHEN cardinality(f.exercise_ids) = 0 THEN 'all'"
+    "   ELSE array_to_string(f.exercise_ids[1:3], ',')"
+    "     || CASE WHEN cardinality(f.exercise_ids) > 3 THEN ',...' ELSE '' END END"
+    "   AS exercises"
+    " FROM user_exercise_stats_refresh_jobs f"
+    " LEFT JOIN LATERAL (SELECT max(x.id) AS last_run FROM user_stats_projection_runs x"
+    "   WHERE x.job_id = f.id) own ON true"
+    " WHERE f.status = 'failed' AND NOT EXISTS ("
+    "   SELECT 1 FROM user_stats_projection_runs r"
+    "   WHERE r.user_id = f.user_id AND r.phase = 'published'"
+    "   AND (r.id > own.last_run"
+    "        OR (own.last_run IS NULL AND r.created_at > f.completed_at))"
+    "   AND (r.from_date IS NULL OR r.from_date <= f.from_date)"
+    "   AND (f.exercise_ids IS NULL OR cardinality(r.exercise_ids) = 0"
+    "        OR (cardinality(f.exercise_ids) > 0 AND f.exercise_ids <@ r.exercise_ids)))"
+)
+
+
 def owed_ranges(conn: Connection) -> list[str]:
-    """No range owed once the run settles, judged from the queue and the runs alone:
-    every job that ended failed had its range (dates and exercises; no exercises: period
-    stats only) published by a run of its user begun after its own last run (after it
-    failed, when it never ran), whatever the product records as owed."""
+    """No range owed once the run settles (`OWED`)."""
     return [
         f"user {r['user_id']}: range of failed job {r['job_id']} (from"
         f" {r['from_date'] or 'the start'}, exercises {r['exercises']},"
         f" generation {r['requested_version']}) never published after it failed"
-        for r in fetch_all(
-            conn,
-            "SELECT f.id AS job_id, f.user_id, f.from_date, f.requested_version,"
-            " CASE WHEN f.exercise_ids IS NULL THEN 'none'"
-            "   WHEN cardinality(f.exercise_ids) = 0 THEN 'all'"
-            "   ELSE array_to_string(f.exercise_ids[1:3], ',')"
-            "     || CASE WHEN cardinality(f.exercise_ids) > 3 THEN ',...' ELSE '' END END"
-            "   AS exercises"
-            " FROM user_exercise_stats_refresh_jobs f"
-            " LEFT JOIN LATERAL (SELECT max(x.id) AS last_run FROM user_stats_projection_runs x"
-            "   WHERE x.job_id = f.id) own ON true"
-            " WHERE f.status = 'failed' AND NOT EXISTS ("
-            "   SELECT 1 FROM user_stats_projection_runs r"
-            "   WHERE r.user_id = f.user_id AND r.phase = 'published'"
-            "   AND (r.id > own.last_run"
-            "        OR (own.last_run IS NULL AND r.created_at > f.completed_at))"
-            "   AND (r.from_date IS NULL OR r.from_date <= f.from_date)"
-            "   AND (f.exercise_ids IS NULL OR cardinality(r.exercise_ids) = 0"
-            "        OR (cardinality(f.exercise_ids) > 0 AND f.exercise_ids <@ r.exercise_ids)))"
-            " ORDER BY f.id",
-        )
+        for r in fetch_all(conn, f"{OWED} ORDER BY f.id")
     ]
 
 
