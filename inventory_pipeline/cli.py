@@ -48,6 +48,8 @@ from inventory_pipeline.settings import (
 )
 from inventory_pipeline.stats import maintenance as stats_maintenance
 from inventory_pipeline.stats import processors as stats
+from inventory_pipeline.stats import runbook as stats_runbook
+from inventory_pipeline.stats.models import WorkerSettings
 
 PROG = "inventory-pipeline"
 CODE_LOCATION = "inventory_pipeline.definitions"
@@ -86,6 +88,51 @@ def _language(text: str) -> str:
     return text
 
 
+def _seconds_ms(text: str) -> int:
+    """A positive duration in seconds (decimals allowed), as whole milliseconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not text.isascii() or not 0 < value <= 86400 or round(value * 1000) < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds above 0 and at most 86400, got {text[:40]!r}"
+        )
+    return round(value * 1000)
+
+
+def _whole(text: str) -> int:
+    """A whole number from 0 (the retry backoff may be zero)."""
+    if not text.isascii() or not text.isdigit() or int(text) > 2**31 - 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text[:40]!r}")
+    return int(text)
+
+
+STATS_SETTING_FLAGS = (
+    ("--claim-seconds", "claim_budget_ms", _seconds_ms, "claim statement budget"),
+    ("--compute-seconds", "compute_budget_ms", _seconds_ms, "compute statement budget"),
+    ("--publish-seconds", "publish_budget_ms", _seconds_ms, "publish statement budget (< 8)"),
+    ("--lease-seconds", "lease_seconds", _count, "lease (covers compute + publish)"),
+    ("--active-leases", "active_lease_cap", _count, "cap of active leases"),
+    ("--max-attempts", "max_attempts", _count, "attempts before a job fails"),
+    ("--backoff-seconds", "retry_backoff_seconds", _whole, "retry backoff per attempt"),
+)
+
+
+def _stats_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+    stats = sub.add_parser("stats", help="operate the training stats worker (the runbook)")
+    actions = stats.add_subparsers(dest="stats_command", required=True, parser_class=_Parser)
+    settings = actions.add_parser("settings", help="show or change the worker's budgets")
+    for flag, dest, kind, text in STATS_SETTING_FLAGS:
+        settings.add_argument(flag, dest=dest, type=kind, help=text)
+    actions.add_parser("pause", help="stop claiming (work in flight finishes; nothing is lost)")
+    actions.add_parser("resume", help="claim again after a pause")
+    retry = actions.add_parser("retry", help="retry a job that exhausted its attempts")
+    retry.add_argument("job_id", type=_count, help="the failed job's id")
+    drain = actions.add_parser("drain", help="claim, compute and publish once, without Dagster")
+    drain.add_argument("--rounds", type=_count, default=50, help="claims to process")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Keep library profiles fresh from PostgreSQL.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -108,6 +155,7 @@ def _parser() -> argparse.ArgumentParser:
     key = sub.add_parser("tmdb-key", help="save the TMDb API key, read from standard input")
     key.add_argument("--language", type=_language, help="TMDb language, e.g. en-US")
     key.add_argument("--inactive", action="store_true", help="save it but keep it inactive")
+    _stats_parser(sub)
     return parser
 
 
@@ -230,6 +278,7 @@ def _status(settings: Settings) -> int:
             f"{wakeup.released_total} authentication cases released"
         )
     wait = stats_status.get("oldest_wait_seconds")
+    owed_wait = stats_status.get("oldest_owed_seconds")
     print(
         f"stats queue          {stats_status.get('pending_jobs', 0)} pending jobs for "
         f"{stats_status.get('pending_users', 0)} users; oldest wait "
@@ -237,6 +286,14 @@ def _status(settings: Settings) -> int:
         f"{stats_status.get('active_leases', 0)} active, "
         f"{stats_status.get('expired_leases', 0)} expired leases; "
         f"{stats_status.get('completed_last_hour', 0)} completed in the last hour"
+    )
+    print(
+        f"stats freshness      {stats_status.get('stale_users', 0)} users stale; "
+        f"{stats_status.get('owed_users', 0)} with an owed range (oldest "
+        f"{f'{float(owed_wait):.0f} s' if owed_wait is not None else '-'}); "
+        f"{stats_status.get('attempt_exhausted_failures', 0)} exhausted jobs to retry; "
+        f"{stats_status.get('backing_off', 0)} runs backing off"
+        + ("; worker PAUSED" if (stats_status.get("settings") or {}).get("paused") else "")
     )
     print(
         f"PR overview rollover {rollover.get('due_backlog') or 0} due; "
@@ -305,6 +362,47 @@ def _refresh(args: argparse.Namespace, settings: Settings) -> int:
     return 0 if "failed" not in outcomes else 1
 
 
+def _print_settings(current: WorkerSettings) -> None:
+    print(
+        f"claim {current.claim_budget_ms} ms, compute {current.compute_budget_ms} ms, "
+        f"publish {current.publish_budget_ms} ms; lease {current.lease_seconds} s; "
+        f"{current.active_lease_cap} active leases; {current.max_attempts} attempts; "
+        f"backoff {current.retry_backoff_seconds} s per attempt; "
+        f"{'PAUSED' if current.paused else 'running'}"
+    )
+
+
+def _stats(args: argparse.Namespace, settings: Settings) -> int:
+    with provision(settings) as deployment, connect(deployment.app_url) as conn:
+        try:
+            if args.stats_command == "settings":
+                changes = {dest: getattr(args, dest) for _, dest, _, _ in STATS_SETTING_FLAGS}
+                if any(value is not None for value in changes.values()):
+                    stats_runbook.change_settings(conn, changes)
+                _print_settings(stats_runbook.settings(conn))
+            elif args.stats_command == "pause":
+                stats_runbook.pause(conn)
+                print(f"{PROG}: stats worker paused: no claim starts; work in flight finishes")
+            elif args.stats_command == "resume":
+                stats_runbook.resume(conn)
+                print(f"{PROG}: stats worker resumed")
+            elif args.stats_command == "retry":
+                retried = stats_runbook.retry(conn, args.job_id)
+                print(f"{PROG}: job {retried.job_id} retried as job {retried.successor_id}")
+            else:
+                summary = stats.drain(conn, "cli", max_rounds=args.rounds)
+                print(
+                    f"published {len(summary.published)} generations, "
+                    f"{summary.deferred} deferred, {summary.rejected} rejected, "
+                    f"{summary.failed} failed"
+                    + ("; the worker is paused" if stats.work_waiting(conn).paused else "")
+                )
+                return 0 if summary.failed == 0 else 1
+        except stats_runbook.RunbookError as exc:
+            raise CliError(str(exc)) from None
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -323,6 +421,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _tmdb_key(args, settings)
         if args.command == "mark-dirty":
             return _mark_dirty(settings)
+        if args.command == "stats":
+            return _stats(args, settings)
         return _refresh(args, settings)
     except (SettingsError, DatabaseError, CliError) as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -21,6 +21,7 @@ defs = dg.Definitions(
         observation.provider_observation,
         credentials.credential_wakeup,
         stats.stats_drain,
+        stats.stats_worker_control,
         stats.stats_rebuild,
         stats.stats_rollover,
         stats.stats_backfill_scan,

@@ -1,4 +1,4 @@
-"""Training stats refresh (seed 001): write path, dirty-range queue, lease-fenced
+"""Training stats refresh: write path, dirty-range queue, lease-fenced
 claim -> compute -> publish worker, per-exercise and per-period projections."""
 
 from __future__ import annotations

@@ -1,19 +1,30 @@
-"""Frozen values of the stats worker (seed 001)."""
+"""Frozen values of the stats worker."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date, datetime
 from typing import Any, Literal
 from uuid import UUID
 
-# seed 001 #1590: the compute responses.
+# The compute responses (their meaning: stats/compute.py).
 ComputeStatus = Literal["computed", "batch_pending", "retry_pending", "failed"]
 BATCH_SIZE = 100  # the measured candidate boundary, not an unlimited safety guarantee
+TRANSACTION_BOUNDARY = "transaction_boundary_required"
+
+# SQLSTATEs the worker branches on (read from DatabaseError.sqlstate).
+STATEMENT_TIMEOUT = "57014"
+LOCK_NOT_AVAILABLE = "55P03"
+FOREIGN_KEY_VIOLATION = "23503"
+UNIQUE_VIOLATION = "23505"
+CHECK_VIOLATION = "23514"
+INTERRUPTIONS = frozenset({STATEMENT_TIMEOUT, LOCK_NOT_AVAILABLE})
 
 
 @dataclass(frozen=True)
 class WorkerSettings:
+    """The single settings row: stage budgets, lease, cap, attempts, backoff, pause."""
+
     claim_budget_ms: int
     compute_budget_ms: int
     publish_budget_ms: int
@@ -21,11 +32,13 @@ class WorkerSettings:
     active_lease_cap: int
     max_attempts: int
     retry_backoff_seconds: int
+    paused: bool = False
 
 
 @dataclass(frozen=True)
 class StatsClaim:
-    """A job under a run's lease: the token fences every later write."""
+    """A job under a run's lease: the token fences every later write. `exercise_ids`
+    empty means every exercise, None no exercise (period stats only)."""
 
     run_id: int
     job_id: int
@@ -34,7 +47,74 @@ class StatsClaim:
     target_version: int
     base_applied_version: int
     from_date: date | None
-    exercise_ids: tuple[str, ...]
+    exercise_ids: tuple[str, ...] | None
+
+
+@dataclass(frozen=True)
+class RunState:
+    """A run as its stage locked it (held for the stage's transaction)."""
+
+    phase: str
+    expired: bool
+    backing_off: bool
+    retry_not_before: datetime | None
+    attempts: int
+    payload: dict[str, Any]
+    xid: int
+
+
+@dataclass(frozen=True)
+class BatchCursor:
+    """Where a batched compute stands, kept in the run's payload between transactions:
+    the frozen exercise list, the next offset, the inputs it was prepared on (source
+    revision and published base) and the transaction that last advanced it."""
+
+    stage: Literal["batches", "finalize"]
+    next_offset: int
+    exercises: tuple[str, ...]
+    source_revision: int
+    base: int
+    xid: int
+    output_revision: int = 1
+    retry_count: int = 0
+
+    @property
+    def total(self) -> int:
+        return len(self.exercises)
+
+    def next_chunk(self) -> tuple[str, ...]:
+        return self.exercises[self.next_offset : self.next_offset + BATCH_SIZE]
+
+    def advanced(self, done: int, xid: int) -> BatchCursor:
+        offset = self.next_offset + done
+        stage: Literal["batches", "finalize"] = "finalize" if offset >= self.total else "batches"
+        return replace(self, next_offset=offset, stage=stage, xid=xid)
+
+    def to_payload(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "next_offset": self.next_offset,
+            "exercises": list(self.exercises),
+            "total": self.total,
+            "source_revision": self.source_revision,
+            "base": self.base,
+            "output_revision": self.output_revision,
+            "retry_count": self.retry_count,
+            "xid": self.xid,
+        }
+
+    @classmethod
+    def from_payload(cls, raw: dict[str, Any]) -> BatchCursor:
+        return cls(
+            stage=raw["stage"],
+            next_offset=int(raw["next_offset"]),
+            exercises=tuple(raw["exercises"]),
+            source_revision=int(raw["source_revision"]),
+            base=int(raw["base"]),
+            xid=int(raw["xid"]),
+            output_revision=int(raw.get("output_revision", 1)),
+            retry_count=int(raw.get("retry_count", 0)),
+        )
 
 
 @dataclass(frozen=True)
@@ -49,11 +129,37 @@ class ComputeResult:
 
 @dataclass(frozen=True)
 class PublishResult:
-    status: Literal["published", "rejected", "lease_lost"]
+    status: Literal["published", "rejected", "lease_lost", "retry_pending", "failed"]
     user_id: UUID
     generation: int
     applied_version: int | None = None
     reason: str | None = None
+    retry_not_before: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ProcessResult:
+    """What one claim came to: the last compute status, the batches it took and, when
+    it got that far, the publication."""
+
+    status: ComputeStatus
+    batches: int
+    publication: PublishResult | None = None
+
+    @property
+    def outcome(self) -> Literal["published", "rejected", "deferred", "failed"]:
+        """Published, rejected into a successor, deferred (a retry time or a pending
+        batch: the work resumes later) or failed."""
+        publication = self.publication
+        if publication is not None and publication.status == "published":
+            return "published"
+        if publication is not None and publication.status == "rejected":
+            return "rejected"
+        if publication is not None and publication.status == "retry_pending":
+            return "deferred"
+        if publication is None and self.status in ("retry_pending", "batch_pending"):
+            return "deferred"
+        return "failed"
 
 
 @dataclass(frozen=True)
@@ -69,12 +175,37 @@ class AccountResult:
 
 
 @dataclass(frozen=True)
+class WorkWaiting:
+    """The drain policy's view: claimable work, free lease slots, the pause switch."""
+
+    waiting: int
+    free_slots: int
+    paused: bool
+
+    @property
+    def claimable(self) -> int:
+        """Work a drain started now would take (none while paused or at the cap)."""
+        return 0 if self.paused or self.free_slots == 0 else self.waiting
+
+
+@dataclass(frozen=True)
 class DrainSummary:
     published: tuple[tuple[UUID, int, int], ...]  # user, generation, batches
     deferred: int
     rejected: int
     failed: int
     rounds: int
+    passes: int = 1
+
+    def then(self, other: DrainSummary) -> DrainSummary:
+        return DrainSummary(
+            self.published + other.published,
+            self.deferred + other.deferred,
+            self.rejected + other.rejected,
+            self.failed + other.failed,
+            self.rounds + other.rounds,
+            self.passes + other.passes,
+        )
 
     def as_metadata(self) -> dict[str, Any]:
         return {
@@ -85,4 +216,13 @@ class DrainSummary:
             "rejected": self.rejected,
             "failed": self.failed,
             "rounds": self.rounds,
+            "passes": self.passes,
         }
+
+
+@dataclass(frozen=True)
+class RetryOutcome:
+    """The runbook's retry: the failed job and the job that now carries its range."""
+
+    job_id: int
+    successor_id: int

@@ -1,5 +1,5 @@
--- Every statement of the stats worker (seed 001). Write functions, the merge-enqueue
--- and the lease fence live in migrations/0005_training_stats.sql.
+-- Every statement of training stats. Write functions, the merge-enqueue, the owed-range
+-- trigger and the lease fence live in migrations (0005, 0012).
 
 -- name: arm_stage
 -- Start of every stage, in one round trip: arm the stage's statement budget from the
@@ -8,19 +8,35 @@
 SELECT stats_projection_statement_budget(%(stage)s) AS budget_ms,
        set_config('inventory.stats_lease_token', %(lease_token)s, true) AS lease_token,
        claim_budget_ms, compute_budget_ms, publish_budget_ms, lease_seconds,
-       active_lease_cap, max_attempts, retry_backoff_seconds
+       active_lease_cap, max_attempts, retry_backoff_seconds, paused
 FROM stats_projection_worker_settings WHERE id = 1;
 
--- name: live_leases
-SELECT count(*) AS live FROM user_stats_projection_runs
-WHERE phase IN ('claimed', 'computed') AND lease_until > now();
+-- name: lock_lease_slots
+-- Claims that may start a lease take turns (until their commit), so the count that
+-- follows, in a fresh snapshot, sees every committed lease: the cap holds atomically.
+SELECT pg_advisory_xact_lock(hashtextextended('stats_lease_slots', 0));
+
+-- name: try_lock_lease_slots
+-- The same turn without waiting (the scoped processor, whose claim stays uncommitted
+-- through its compute and publish, never queues behind another claim).
+SELECT pg_try_advisory_xact_lock(hashtextextended('stats_lease_slots', 0)) AS locked;
+
+-- name: active_leases
+-- Active by the one definition the status function uses too (stats_run_is_active).
+SELECT count(*) AS active FROM user_stats_projection_runs r
+WHERE r.phase IN ('claimed', 'computed')
+  AND stats_run_is_active(r.phase, r.lease_until, r.retry_not_before);
+
+-- name: declare_lease
+SELECT set_config('inventory.stats_lease_token', %(lease_token)s, true) AS lease_token;
 
 -- name: expired_run
 -- A dead worker's run: revived at once, under a new lease (no adoption of its output).
 SELECT r.id, r.job_id, r.user_id
 FROM user_stats_projection_runs r
 WHERE r.phase IN ('claimed', 'computed') AND r.lease_until <= now()
-  AND NOT (r.phase = 'claimed' AND (r.payload ? '_batch' OR r.retry_not_before IS NOT NULL))
+  AND r.retry_not_before IS NULL
+  AND NOT (r.phase = 'claimed' AND r.payload ? '_batch')
   AND (%(user_id)s::uuid IS NULL OR r.user_id = %(user_id)s::uuid)
 ORDER BY r.lease_until
 LIMIT 1
@@ -38,12 +54,12 @@ SET phase = %(phase)s, error = %(error)s, finished_at = now()
 WHERE id = %(run_id)s;
 
 -- name: pending_job
--- The oldest pending job of a user with no job in processing, past its retry time.
+-- The oldest pending job of a user with no job in processing (a unique index makes a
+-- stale answer here fail instead of starting a second live job).
 SELECT j.id, j.user_id
 FROM user_exercise_stats_refresh_jobs j
 WHERE j.status = 'pending'
   AND (%(user_id)s::uuid IS NULL OR j.user_id = %(user_id)s::uuid)
-  AND coalesce((j.metadata ->> 'retry_not_before')::timestamptz, '-infinity') <= now()
   AND NOT EXISTS (
       SELECT 1 FROM user_exercise_stats_refresh_jobs p
       WHERE p.user_id = j.user_id AND p.status = 'processing'
@@ -52,15 +68,31 @@ ORDER BY j.created_at, j.id
 LIMIT 1
 FOR UPDATE SKIP LOCKED;
 
--- name: job_for_run
-SELECT id, attempts FROM user_exercise_stats_refresh_jobs WHERE id = %(job_id)s FOR UPDATE;
-
 -- name: start_job
 UPDATE user_exercise_stats_refresh_jobs
 SET status = 'processing', locked_at = now(), lock_owner = %(lock_owner)s,
     attempts = attempts + 1, updated_at = now()
 WHERE id = %(job_id)s
 RETURNING id, user_id, from_date, exercise_ids, requested_version, attempts;
+
+-- name: absorb_owed_range
+-- The claimed job takes the user's owed range into its own: it publishes it, or owes
+-- it again if it fails (the trigger on failed jobs). A separate statement after
+-- start_job, so its snapshot sees a failure committed while start_job waited.
+WITH owed AS (
+    DELETE FROM user_stats_owed_ranges WHERE user_id = %(user_id)s
+    RETURNING from_date, exercise_ids, failed_job_ids
+)
+UPDATE user_exercise_stats_refresh_jobs j
+SET from_date = stats_merge_from_date(j.from_date, owed.from_date),
+    exercise_ids = stats_merge_exercise_ids(j.exercise_ids, owed.exercise_ids),
+    metadata = j.metadata || jsonb_build_object(
+        'absorbed_failed_jobs',
+        coalesce(j.metadata -> 'absorbed_failed_jobs', '[]') || to_jsonb(owed.failed_job_ids)),
+    updated_at = now()
+FROM owed
+WHERE j.id = %(job_id)s
+RETURNING j.from_date, j.exercise_ids;
 
 -- name: create_run
 INSERT INTO user_stats_projection_runs
@@ -79,16 +111,47 @@ UPDATE user_exercise_stats_refresh_jobs
 SET status = 'failed', error_message = %(error)s, updated_at = now(), completed_at = now()
 WHERE id = %(job_id)s;
 
+-- name: lock_job
+SELECT id, user_id, status, metadata ->> 'retried_by' AS retried_by
+FROM user_exercise_stats_refresh_jobs WHERE id = %(job_id)s
+FOR UPDATE;
+
 -- name: retry_job
--- A failed attempt: back to pending, waiting attempts × backoff.
-UPDATE user_exercise_stats_refresh_jobs
-SET status = 'pending', locked_at = NULL, lock_owner = NULL, error_message = %(error)s,
-    metadata = metadata || jsonb_build_object(
-        'retry_not_before', now() + make_interval(secs => attempts * %(backoff_seconds)s),
-        'last_error', %(error)s),
+-- The runbook's retry of an exhausted job: its range again, as a new generation through
+-- the queue; the failed job stays for inspection and records its successor.
+WITH successor AS (
+    SELECT enqueue_user_exercise_stats_refresh_job(
+        j.user_id, 'manual_refresh', j.from_date, j.exercise_ids,
+        'operator retry of job ' || j.id, 'job:' || j.id,
+        bump_stats_requested_version(j.user_id)) AS id
+    FROM user_exercise_stats_refresh_jobs j WHERE j.id = %(job_id)s
+)
+UPDATE user_exercise_stats_refresh_jobs j
+SET metadata = j.metadata || jsonb_build_object('retried_by', successor.id, 'retried_at', now()),
     updated_at = now()
-WHERE id = %(job_id)s
-RETURNING (metadata ->> 'retry_not_before')::timestamptz AS retry_not_before;
+FROM successor
+WHERE j.id = %(job_id)s
+RETURNING successor.id AS successor_id;
+
+-- name: read_settings
+SELECT claim_budget_ms, compute_budget_ms, publish_budget_ms, lease_seconds,
+       active_lease_cap, max_attempts, retry_backoff_seconds, paused
+FROM stats_projection_worker_settings WHERE id = 1;
+
+-- name: update_settings
+-- The runbook's budget change: NULL keeps a value; the table's CHECKs judge the result.
+UPDATE stats_projection_worker_settings
+SET claim_budget_ms = coalesce(%(claim_budget_ms)s, claim_budget_ms),
+    compute_budget_ms = coalesce(%(compute_budget_ms)s, compute_budget_ms),
+    publish_budget_ms = coalesce(%(publish_budget_ms)s, publish_budget_ms),
+    lease_seconds = coalesce(%(lease_seconds)s, lease_seconds),
+    active_lease_cap = coalesce(%(active_lease_cap)s, active_lease_cap),
+    max_attempts = coalesce(%(max_attempts)s, max_attempts),
+    retry_backoff_seconds = coalesce(%(retry_backoff_seconds)s, retry_backoff_seconds),
+    paused = coalesce(%(paused)s, paused)
+WHERE id = 1
+RETURNING claim_budget_ms, compute_budget_ms, publish_budget_ms, lease_seconds,
+          active_lease_cap, max_attempts, retry_backoff_seconds, paused;
 
 -- name: lock_run
 -- The run row, held through this stage (a live worker keeps it locked while it works).
@@ -186,24 +249,44 @@ SET phase = %(phase)s, payload = %(payload)s, compute_ms = compute_ms + %(elapse
 WHERE id = %(run_id)s
 RETURNING retry_not_before;
 
+-- name: defer_run
+-- A failed publication attempt: the computed output stays, the run waits out its retry.
+UPDATE user_stats_projection_runs
+SET attempts = %(attempts)s, error = %(error)s,
+    retry_not_before = now() + make_interval(secs => %(retry_seconds)s)
+WHERE id = %(run_id)s
+RETURNING retry_not_before;
+
 -- name: resumable_run
 -- A run whose retry time has come, or a batch run left behind by a dead worker: it
--- resumes under the same token and cursor (compute checks its inputs, counts the retry).
-SELECT r.id, r.job_id, r.user_id, r.lease_token, r.target_version, r.base_applied_version,
-       r.from_date, r.exercise_ids
+-- resumes under the same token and cursor (compute checks its inputs).
+SELECT r.id, r.lease_token
 FROM user_stats_projection_runs r
-WHERE r.phase = 'claimed'
-  AND ((r.retry_not_before IS NOT NULL AND r.retry_not_before <= now())
-       OR (r.payload ? '_batch' AND r.lease_until <= now()))
+WHERE ((r.phase IN ('claimed', 'computed') AND r.retry_not_before <= now())
+       OR (r.phase = 'claimed' AND r.retry_not_before IS NULL AND r.payload ? '_batch'
+           AND r.lease_until <= now()))
   AND (%(user_id)s::uuid IS NULL OR r.user_id = %(user_id)s::uuid)
 ORDER BY r.id
 LIMIT 1
 FOR UPDATE SKIP LOCKED;
 
+-- name: resume_run
+-- The resumed run is active again: a fresh lease, no retry time; resuming a dead
+-- worker's lease consumes a retry (compute fails the run past the attempt cap).
+UPDATE user_stats_projection_runs
+SET attempts = attempts + CASE WHEN retry_not_before IS NULL AND lease_until <= now()
+                               THEN 1 ELSE 0 END,
+    retry_not_before = NULL,
+    lease_until = now() + make_interval(secs => %(lease_seconds)s),
+    lock_owner = %(lock_owner)s
+WHERE id = %(run_id)s
+RETURNING id, job_id, user_id, lease_token, target_version, base_applied_version, from_date,
+          exercise_ids;
+
 -- name: lock_publish
 -- Publication: the computed run under its live lease, then the user's state row.
 SELECT r.id, r.job_id, r.user_id, r.target_version, r.base_applied_version, r.from_date,
-       r.payload
+       r.payload, r.attempts
 FROM user_stats_projection_runs r
 WHERE r.id = %(run_id)s AND r.lease_token = %(lease_token)s
   AND r.phase = 'computed' AND r.lease_until > now()
@@ -257,7 +340,7 @@ SET sessions = EXCLUDED.sessions, working_sets = EXCLUDED.working_sets,
     reps = EXCLUDED.reps, volume = EXCLUDED.volume, generation = EXCLUDED.generation;
 
 -- name: advance_applied
--- Public projections and applied_version change together (seed 001).
+-- Public projections and applied_version change together (one transaction).
 UPDATE user_stats_refresh_state
 SET applied_version = greatest(applied_version, %(generation)s), updated_at = now()
 WHERE user_id = %(user_id)s
@@ -279,14 +362,21 @@ WHERE id = %(job_id)s;
 
 -- name: supersede_job
 -- A rejected payload: its scope moves into the successor (merge-enqueue), the job ends.
+-- The successor's generation is newer than the applied one (a new generation when the
+-- job's own is not), so it can publish.
 WITH job AS (
-    SELECT id, user_id, from_date, exercise_ids, requested_version
-    FROM user_exercise_stats_refresh_jobs WHERE id = %(job_id)s
+    SELECT j.id, j.user_id, j.from_date, j.exercise_ids, j.requested_version,
+           coalesce(s.applied_version, 0) AS applied_version
+    FROM user_exercise_stats_refresh_jobs j
+    LEFT JOIN user_stats_refresh_state s ON s.user_id = j.user_id
+    WHERE j.id = %(job_id)s
 ),
 successor AS (
     SELECT enqueue_user_exercise_stats_refresh_job(
         job.user_id, 'manual_refresh', job.from_date, job.exercise_ids,
-        'rejected payload rescheduled', 'job:' || job.id, job.requested_version) AS id
+        'rejected payload rescheduled', 'job:' || job.id,
+        CASE WHEN job.requested_version > job.applied_version THEN job.requested_version
+             ELSE bump_stats_requested_version(job.user_id) END) AS id
     FROM job
 )
 UPDATE user_exercise_stats_refresh_jobs j
@@ -301,9 +391,6 @@ RETURNING successor.id AS successor_id;
 SELECT count(DISTINCT user_id) AS users FROM user_exercise_stats_refresh_jobs
 WHERE status IN ('pending', 'processing')
   AND (%(user_id)s::uuid IS NULL OR user_id = %(user_id)s::uuid);
-
--- name: pending_work
-SELECT count(*) AS jobs FROM user_exercise_stats_refresh_jobs WHERE status = 'pending';
 
 -- name: worker_status
 SELECT stats_projection_worker_status() AS status;
@@ -325,11 +412,26 @@ WHERE u.user_id IS NOT NULL
 ORDER BY u.user_id;
 
 -- name: waiting_work
--- Work a drain run would find: pending jobs, runs due to resume, dead workers' runs.
-SELECT (SELECT count(*) FROM user_exercise_stats_refresh_jobs WHERE status = 'pending')
-     + (SELECT count(*) FROM user_stats_projection_runs
-        WHERE phase IN ('claimed', 'computed')
-          AND (lease_until <= now() OR retry_not_before <= now())) AS waiting;
+-- The drain policy's one definition of work waiting, for the sensor and the drain
+-- alike: what a claim could take now (pending jobs of users with no live job, runs due
+-- to resume, dead workers' runs), the lease slots free, and the pause switch.
+SELECT st.paused,
+       greatest(st.active_lease_cap - (
+           SELECT count(*) FROM user_stats_projection_runs r
+           WHERE r.phase IN ('claimed', 'computed')
+             AND stats_run_is_active(r.phase, r.lease_until, r.retry_not_before)), 0)
+           AS free_slots,
+       (SELECT count(*) FROM user_exercise_stats_refresh_jobs j
+        WHERE j.status = 'pending'
+          AND NOT EXISTS (
+              SELECT 1 FROM user_exercise_stats_refresh_jobs p
+              WHERE p.user_id = j.user_id AND p.status = 'processing'))
+     + (SELECT count(*) FROM user_stats_projection_runs r
+        WHERE r.phase IN ('claimed', 'computed')
+          AND (r.retry_not_before <= now()
+               OR (r.retry_not_before IS NULL AND r.lease_until <= now()))) AS waiting
+FROM stats_projection_worker_settings st
+WHERE st.id = 1;
 
 -- name: build_pr_snapshot
 -- seed 001: the PR overview window of one generation: database date -1, 0 and +1. Per
@@ -546,5 +648,6 @@ DELETE FROM exercise_catalog_changes c USING doomed WHERE c.seq = doomed.seq;
 SELECT stats_clock_date() AS today;
 
 -- name: read_pr_overview
-SELECT exercise_id, best_e1rm_all_time, best_e1rm_30d, best_e1rm_30d_prior_year, heaviest_kg
+SELECT exercise_id, best_e1rm_all_time, best_e1rm_30d, best_e1rm_30d_prior_year, heaviest_kg,
+       stale
 FROM get_pr_overview(%(user_id)s, %(as_of)s);

@@ -1,14 +1,435 @@
-"""Runs the named statements of `queries.sql`."""
+"""Runs the named statements of `queries.sql` and turns rows into typed values."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import date, datetime
 from typing import Any
+from uuid import UUID
 
-from inventory_pipeline.db import Connection, Row, execute, fetch_all, fetch_one
+from inventory_pipeline.db import Connection, Row, execute, fetch_all, fetch_one, jsonb
 from inventory_pipeline.db.queries import load_queries
-from inventory_pipeline.stats.models import WorkerSettings
+from inventory_pipeline.stats.models import RunState, StatsClaim, WorkerSettings, WorkWaiting
 
 QUERIES = load_queries("inventory_pipeline.stats")
+
+_SETTINGS = (
+    "claim_budget_ms",
+    "compute_budget_ms",
+    "publish_budget_ms",
+    "lease_seconds",
+    "active_lease_cap",
+    "max_attempts",
+    "retry_backoff_seconds",
+    "paused",
+)
+
+
+def _one(conn: Connection, name: str, params: dict[str, Any] | None = None) -> Row:
+    row = fetch_one(conn, QUERIES[name], params)
+    if row is None:
+        raise LookupError(f"stats query {name} returned no row")
+    return row
+
+
+def _ids(value: list[str] | None) -> tuple[str, ...] | None:
+    return None if value is None else tuple(value)
+
+
+def _id_list(value: tuple[str, ...] | None) -> list[str] | None:
+    return None if value is None else list(value)
+
+
+def _settings(row: Row) -> WorkerSettings:
+    return WorkerSettings(**{k: row[k] for k in _SETTINGS})
+
+
+# -- settings and stage arming -------------------------------------------------------
+
+
+def arm_stage(conn: Connection, stage: str, lease_token: UUID | None) -> WorkerSettings:
+    """Arm the stage's statement budget, declare the lease token (None: none), and read
+    the settings, in one round trip."""
+    token = "" if lease_token is None else str(lease_token)
+    return _settings(_one(conn, "arm_stage", {"stage": stage, "lease_token": token}))
+
+
+def declare_lease(conn: Connection, lease_token: UUID) -> None:
+    fetch_one(conn, QUERIES["declare_lease"], {"lease_token": str(lease_token)})
+
+
+def read_settings(conn: Connection) -> WorkerSettings:
+    return _settings(_one(conn, "read_settings"))
+
+
+def update_settings(conn: Connection, changes: dict[str, int | bool | None]) -> WorkerSettings:
+    """Change the given settings (None keeps a value); the table's CHECKs judge it."""
+    params: dict[str, Any] = dict.fromkeys(_SETTINGS)
+    params.update(changes)
+    return _settings(_one(conn, "update_settings", params))
+
+
+# -- claim ---------------------------------------------------------------------------
+
+
+def active_leases_after_lock(conn: Connection, wait: bool = True) -> int | None:
+    """Take the lease-slot lock (claims take turns until commit), then count active
+    leases in a snapshot that sees every committed one. None when `wait` is false and
+    another claim holds the turn."""
+    if wait:
+        execute(conn, QUERIES["lock_lease_slots"])
+    elif not _one(conn, "try_lock_lease_slots")["locked"]:
+        return None
+    return int(_one(conn, "active_leases")["active"])
+
+
+def resumable_run(conn: Connection, user_id: UUID | None) -> tuple[int, UUID] | None:
+    row = fetch_one(conn, QUERIES["resumable_run"], {"user_id": user_id})
+    return None if row is None else (int(row["id"]), row["lease_token"])
+
+
+def resume_run(conn: Connection, run_id: int, lease_seconds: int, lock_owner: str) -> StatsClaim:
+    row = _one(
+        conn,
+        "resume_run",
+        {"run_id": run_id, "lease_seconds": lease_seconds, "lock_owner": lock_owner},
+    )
+    return StatsClaim(
+        run_id=row["id"],
+        job_id=row["job_id"],
+        user_id=row["user_id"],
+        lease_token=row["lease_token"],
+        target_version=row["target_version"],
+        base_applied_version=row["base_applied_version"],
+        from_date=row["from_date"],
+        exercise_ids=_ids(row["exercise_ids"]),
+    )
+
+
+def expired_run(conn: Connection, user_id: UUID | None) -> tuple[int, int] | None:
+    """A dead worker's run (not a batch, not backing off): its id and job."""
+    row = fetch_one(conn, QUERIES["expired_run"], {"user_id": user_id})
+    return None if row is None else (int(row["id"]), int(row["job_id"]))
+
+
+def retire_run(conn: Connection, run_id: int, phase: str, error: str) -> None:
+    execute(conn, QUERIES["retire_run"], {"run_id": run_id, "phase": phase, "error": error})
+
+
+def pending_job(conn: Connection, user_id: UUID | None) -> int | None:
+    row = fetch_one(conn, QUERIES["pending_job"], {"user_id": user_id})
+    return None if row is None else int(row["id"])
+
+
+@dataclass(frozen=True)
+class StartedJob:
+    job_id: int
+    user_id: UUID
+    from_date: date | None
+    exercise_ids: tuple[str, ...] | None
+    requested_version: int
+    attempts: int
+
+
+def start_job(conn: Connection, job_id: int, lock_owner: str) -> StartedJob:
+    row = _one(conn, "start_job", {"job_id": job_id, "lock_owner": lock_owner})
+    return StartedJob(
+        job_id=row["id"],
+        user_id=row["user_id"],
+        from_date=row["from_date"],
+        exercise_ids=_ids(row["exercise_ids"]),
+        requested_version=row["requested_version"],
+        attempts=row["attempts"],
+    )
+
+
+def absorb_owed_range(conn: Connection, job: StartedJob) -> StartedJob:
+    """The job with the user's owed range merged into its own (unchanged if none)."""
+    row = fetch_one(
+        conn, QUERIES["absorb_owed_range"], {"user_id": job.user_id, "job_id": job.job_id}
+    )
+    if row is None:
+        return job
+    return StartedJob(
+        job.job_id,
+        job.user_id,
+        row["from_date"],
+        _ids(row["exercise_ids"]),
+        job.requested_version,
+        job.attempts,
+    )
+
+
+def create_run(
+    conn: Connection,
+    job: StartedJob,
+    lease_token: UUID,
+    lease_seconds: int,
+    lock_owner: str,
+) -> StatsClaim:
+    row = _one(
+        conn,
+        "create_run",
+        {
+            "job_id": job.job_id,
+            "user_id": job.user_id,
+            "lease_token": lease_token,
+            "lease_seconds": lease_seconds,
+            "lock_owner": lock_owner,
+            "target_version": job.requested_version,
+            "from_date": job.from_date,
+            "exercise_ids": _id_list(job.exercise_ids),
+            "attempts": job.attempts,
+        },
+    )
+    return StatsClaim(
+        run_id=row["id"],
+        job_id=job.job_id,
+        user_id=job.user_id,
+        lease_token=lease_token,
+        target_version=job.requested_version,
+        base_applied_version=row["base_applied_version"],
+        from_date=job.from_date,
+        exercise_ids=job.exercise_ids,
+    )
+
+
+def fail_job(conn: Connection, job_id: int, error: str) -> None:
+    """The job failed for good; the database owes its range (trigger)."""
+    execute(conn, QUERIES["fail_job"], {"job_id": job_id, "error": error})
+
+
+# -- compute -------------------------------------------------------------------------
+
+
+def lock_run(conn: Connection, claim: StatsClaim) -> RunState | None:
+    """The run under this lease token, locked for the stage (None: lost or busy)."""
+    row = fetch_one(
+        conn, QUERIES["lock_run"], {"run_id": claim.run_id, "lease_token": claim.lease_token}
+    )
+    if row is None:
+        return None
+    return RunState(
+        phase=row["phase"],
+        expired=bool(row["expired"]),
+        backing_off=bool(row["backing_off"]),
+        retry_not_before=row["retry_not_before"],
+        attempts=int(row["attempts"]),
+        payload=dict(row["payload"]),
+        xid=int(row["xid"]),
+    )
+
+
+def renew_lease(conn: Connection, run_id: int, lease_seconds: int, consume_attempt: bool) -> int:
+    """A fresh lease at a stage boundary; returns the run's attempts."""
+    row = _one(
+        conn,
+        "renew_lease",
+        {
+            "run_id": run_id,
+            "lease_seconds": lease_seconds,
+            "consume_attempt": 1 if consume_attempt else 0,
+        },
+    )
+    return int(row["attempts"])
+
+
+def user_versions(conn: Connection, user_id: UUID) -> tuple[int, int]:
+    """(requested_version, applied_version) of a user (0, 0 when it has none)."""
+    row = _one(conn, "user_versions", {"user_id": user_id})
+    return int(row["requested_version"]), int(row["applied_version"])
+
+
+def candidate_exercises(conn: Connection, claim: StatsClaim) -> tuple[str, ...]:
+    rows = fetch_all(
+        conn,
+        QUERIES["candidate_exercises"],
+        {"user_id": claim.user_id, "exercise_ids": _id_list(claim.exercise_ids)},
+    )
+    return tuple(r["exercise_id"] for r in rows)
+
+
+def compute_exercises(conn: Connection, claim: StatsClaim, exercises: tuple[str, ...]) -> None:
+    execute(
+        conn,
+        QUERIES["compute_exercises"],
+        {"user_id": claim.user_id, "run_id": claim.run_id, "exercise_ids": list(exercises)},
+    )
+
+
+def compute_periods(conn: Connection, claim: StatsClaim) -> None:
+    execute(
+        conn,
+        QUERIES["compute_periods"],
+        {"user_id": claim.user_id, "run_id": claim.run_id, "from_date": claim.from_date},
+    )
+
+
+def clear_outputs(conn: Connection, run_id: int) -> None:
+    execute(conn, QUERIES["clear_outputs"], {"run_id": run_id})
+
+
+def save_run(
+    conn: Connection,
+    run_id: int,
+    phase: str,
+    payload: dict[str, Any],
+    elapsed_ms: float,
+    attempts: int,
+    retry_seconds: int | None = None,
+    error: str | None = None,
+) -> datetime | None:
+    """Record a compute step; returns the retry time it set (None: none)."""
+    row = _one(
+        conn,
+        "save_run",
+        {
+            "run_id": run_id,
+            "phase": phase,
+            "payload": jsonb(payload),
+            "elapsed_ms": elapsed_ms,
+            "retry_seconds": retry_seconds,
+            "attempts": attempts,
+            "error": error,
+        },
+    )
+    retry_at: datetime | None = row["retry_not_before"]
+    return retry_at
+
+
+def defer_run(
+    conn: Connection, run_id: int, attempts: int, retry_seconds: int, error: str
+) -> datetime:
+    row = _one(
+        conn,
+        "defer_run",
+        {"run_id": run_id, "attempts": attempts, "retry_seconds": retry_seconds, "error": error},
+    )
+    retry_at: datetime = row["retry_not_before"]
+    return retry_at
+
+
+# -- publish -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Publication:
+    """A computed run under its live lease, locked for publication."""
+
+    base_applied_version: int
+    from_date: date | None
+    exercises: tuple[str, ...]
+    attempts: int
+
+
+def lock_publish(conn: Connection, claim: StatsClaim) -> Publication | None:
+    row = fetch_one(
+        conn, QUERIES["lock_publish"], {"run_id": claim.run_id, "lease_token": claim.lease_token}
+    )
+    if row is None:
+        return None
+    return Publication(
+        base_applied_version=row["base_applied_version"],
+        from_date=row["from_date"],
+        exercises=tuple(row["payload"]["manifest"]["exercises"]),
+        attempts=int(row["attempts"]),
+    )
+
+
+def lock_user_state(conn: Connection, user_id: UUID) -> tuple[int, int]:
+    """Serialize publications of one user, then lock its state row: (requested,
+    applied)."""
+    fetch_one(conn, QUERIES["lock_user_publish"], {"user_id": user_id})
+    row = _one(conn, "lock_state", {"user_id": user_id})
+    return int(row["requested_version"]), int(row["applied_version"])
+
+
+def replace_projections(conn: Connection, claim: StatsClaim, publication: Publication) -> None:
+    """Swap in the run's output (foreign keys checked immediately: 23503 if a referenced
+    canonical row went away during the computation)."""
+    params = {"user_id": claim.user_id, "run_id": claim.run_id, "generation": claim.target_version}
+    execute(conn, QUERIES["force_constraints"])
+    execute(
+        conn,
+        QUERIES["replace_exercise_stats"],
+        {**params, "exercise_ids": list(publication.exercises)},
+    )
+    execute(conn, QUERIES["replace_period_stats"], {**params, "from_date": publication.from_date})
+
+
+def advance_applied(conn: Connection, user_id: UUID, generation: int) -> int:
+    row = _one(conn, "advance_applied", {"user_id": user_id, "generation": generation})
+    return int(row["applied_version"])
+
+
+def publish_pr_window(conn: Connection, user_id: UUID, generation: int) -> None:
+    """The PR overview window of this generation, and the rollover it is due for."""
+    window = {"user_id": user_id, "generation": generation}
+    execute(conn, QUERIES["drop_older_snapshots"], window)
+    execute(conn, QUERIES["build_pr_snapshot"], window)
+    execute(conn, QUERIES["schedule_rollover"], window)
+
+
+def finish_published(conn: Connection, claim: StatsClaim, publish_ms: float) -> None:
+    execute(
+        conn,
+        QUERIES["finish_published"],
+        {"run_id": claim.run_id, "job_id": claim.job_id, "publish_ms": publish_ms},
+    )
+
+
+def supersede_job(conn: Connection, job_id: int, error: str) -> int:
+    """End the job; its range moves into the user's successor job (returned)."""
+    row = _one(conn, "supersede_job", {"job_id": job_id, "error": error})
+    return int(row["successor_id"])
+
+
+# -- drain policy, status and runbook -----------------------------------------------
+
+
+def remaining_users(conn: Connection, user_id: UUID | None = None) -> int:
+    return int(_one(conn, "remaining_users", {"user_id": user_id})["users"])
+
+
+def waiting_work(conn: Connection) -> WorkWaiting:
+    row = _one(conn, "waiting_work")
+    return WorkWaiting(
+        waiting=int(row["waiting"]), free_slots=int(row["free_slots"]), paused=bool(row["paused"])
+    )
+
+
+def worker_status(conn: Connection) -> dict[str, Any]:
+    return dict(_one(conn, "worker_status")["status"])
+
+
+@dataclass(frozen=True)
+class JobState:
+    job_id: int
+    user_id: UUID
+    status: str
+    retried_by: int | None
+
+
+def lock_job(conn: Connection, job_id: int) -> JobState | None:
+    row = fetch_one(conn, QUERIES["lock_job"], {"job_id": job_id})
+    if row is None:
+        return None
+    retried = row["retried_by"]
+    return JobState(
+        row["id"], row["user_id"], row["status"], None if retried is None else int(retried)
+    )
+
+
+def retry_job(conn: Connection, job_id: int) -> int:
+    """Enqueue the failed job's range as a new generation; returns the successor."""
+    return int(_one(conn, "retry_job", {"job_id": job_id})["successor_id"])
+
+
+def read_pr_overview(conn: Connection, user_id: UUID, as_of: Any) -> list[dict[str, Any]]:
+    return fetch_all(conn, QUERIES["read_pr_overview"], {"user_id": user_id, "as_of": as_of})
+
+
+# -- maintenance: untyped runners still used by maintenance.py -----------------------
 
 
 def one(conn: Connection, name: str, params: dict[str, Any] | None = None) -> Row | None:
@@ -21,9 +442,3 @@ def many(conn: Connection, name: str, params: dict[str, Any] | None = None) -> l
 
 def run(conn: Connection, name: str, params: dict[str, Any] | None = None) -> int:
     return execute(conn, QUERIES[name], params)
-
-
-def arm_stage(conn: Connection, stage: str, lease_token: str) -> WorkerSettings:
-    row = one(conn, "arm_stage", {"stage": stage, "lease_token": lease_token})
-    assert row is not None
-    return WorkerSettings(**{k: v for k, v in row.items() if k not in ("budget_ms", "lease_token")})

@@ -99,3 +99,42 @@ def test_maintenance_jobs_report_counts(
         "stats_backfill_scan_schedule",
         "stats_retention_schedule",
     }
+
+
+def test_worker_control_job(conn: Connection, db_url: str, instance: dg.DagsterInstance) -> None:
+    db = InventoryDatabase(url=db_url)
+
+    def control(**config: object) -> dg.ExecuteInProcessResult:
+        return stats_defs.stats_worker_control.execute_in_process(
+            instance=instance,
+            resources={"inventory_db": db},
+            run_config={"ops": {"control_stats_worker": {"config": config}}},
+            raise_on_error=False,
+        )
+
+    assert control(action="pause").success
+    sf.exercise(conn, "squat")
+    user = uuid.uuid4()
+    sf.save(conn, user, date(2026, 3, 10), sf.sets(("squat", 100, 5)))
+    context = dg.build_sensor_context(instance=instance, resources={"inventory_db": db})
+    skipped = stats_defs.stats_refresh_sensor(context)
+    assert isinstance(skipped, dg.SkipReason) and "paused" in (skipped.skip_message or "")
+    drained = stats_defs.stats_drain.execute_in_process(
+        instance=instance, resources={"inventory_db": db}
+    )
+    assert drained.output_for_node("drain_stats") == 0
+    assert control(action="resume").success
+    assert isinstance(stats_defs.stats_refresh_sensor(context), dg.RunRequest)
+    changed = control(action="settings", compute_budget_ms=30000)
+    assert changed.success
+    assert changed.output_for_node("control_stats_worker") == "settings changed"
+    for bad in (
+        {"action": "settings", "publish_budget_ms": 9000},  # the table's CHECK
+        {"action": "settings"},  # nothing to change
+        {"action": "retry"},  # no job id
+        {"action": "retry", "job_id": 424242},  # unknown job
+    ):
+        failed = control(**bad)
+        assert not failed.success
+    with pytest.raises(dg.DagsterInvalidConfigError):
+        control(action="explode")

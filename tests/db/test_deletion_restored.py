@@ -28,13 +28,41 @@ db_url = base.db_url
 control = base.control
 sessions = base.sessions
 
-# In name order, after library_inventory_state's, which is kept.
+# Cascaded in this order: library_inventory_state's first, as a restore that creates
+# constraints by name leaves it.
 RESTORED = (
     "library_policies",
     "library_profiles",
     "media_server_items",
     "profile_refresh_requests",
 )
+
+CASCADE_ORDER = (
+    "SELECT c.conrelid::regclass::text AS t FROM pg_trigger g"
+    " JOIN pg_constraint c ON c.oid = g.tgconstraint"
+    " JOIN pg_proc p ON p.oid = g.tgfoid"
+    " WHERE g.tgrelid = 'libraries'::regclass AND p.proname = 'RI_FKey_cascade_del'"
+    ' ORDER BY g.tgname COLLATE "C"'
+)
+
+
+def recreate_cascades(conn: Connection) -> None:
+    """Create the cascades again in RESTORED's order, the state's first. The server fires
+    a table's triggers in name order and the names carry OIDs, so where the OIDs cross
+    a power of ten the order differs: then create them all again, further on."""
+    for _ in range(3):
+        for table in ("library_inventory_state", *RESTORED):
+            execute(
+                conn,
+                f"ALTER TABLE {table} DROP CONSTRAINT {table}_library_id_fkey,"
+                f" ADD CONSTRAINT {table}_library_id_fkey FOREIGN KEY (library_id)"
+                " REFERENCES libraries (id) ON DELETE CASCADE",
+            )
+        if [r["t"] for r in fetch_all(conn, CASCADE_ORDER)] == [
+            "library_inventory_state",
+            *RESTORED,
+        ]:
+            return
 
 
 @pytest.fixture(scope="module")
@@ -44,13 +72,7 @@ def shared_url(server_url: str, template_name: str) -> Iterator[str]:
         create_database(admin, name, template=template_name)
     url = url_with_database(server_url, name)
     with connect(url) as conn:
-        for table in RESTORED:
-            execute(
-                conn,
-                f"ALTER TABLE {table} DROP CONSTRAINT {table}_library_id_fkey,"
-                f" ADD CONSTRAINT {table}_library_id_fkey FOREIGN KEY (library_id)"
-                " REFERENCES libraries (id) ON DELETE CASCADE",
-            )
+        recreate_cascades(conn)
         install_gates(conn)
     yield url
     with connect(server_url) as admin:
@@ -58,15 +80,10 @@ def shared_url(server_url: str, template_name: str) -> Iterator[str]:
 
 
 def test_the_state_cascade_comes_first(conn: Connection) -> None:
-    rows = fetch_all(
-        conn,
-        "SELECT c.conrelid::regclass::text AS t FROM pg_trigger g"
-        " JOIN pg_constraint c ON c.oid = g.tgconstraint"
-        " JOIN pg_proc p ON p.oid = g.tgfoid"
-        " WHERE g.tgrelid = 'libraries'::regclass AND p.proname = 'RI_FKey_cascade_del'"
-        " ORDER BY g.tgname",
-    )
-    assert [r["t"] for r in rows] == ["library_inventory_state", *RESTORED]
+    assert [r["t"] for r in fetch_all(conn, CASCADE_ORDER)] == [
+        "library_inventory_state",
+        *RESTORED,
+    ]
 
 
 @pytest.mark.parametrize("point", ["items", "requests", "state", "uncommitted"])

@@ -109,3 +109,40 @@ def test_revision_migration_seeds_existing_libraries_dirty(empty_db: str, tmp_pa
             (2, 1, 0),
             (3, 0, 0),
         ]
+
+
+def test_owed_ranges_migration_keeps_what_an_existing_database_holds(
+    empty_db: str, tmp_path: Path
+) -> None:
+    """An existing database upgrades: a job that failed earlier is owed again, and where
+    two jobs of one user are live the older fails and owes its range instead of
+    blocking the one-live-job index."""
+    folder = copy_migrations(tmp_path, upto=11)
+    user = "00000000-0000-0000-0000-0000000000a1"
+    with connect(empty_db) as conn:
+        migrate(conn, folder)
+        for from_date, exercises, status in (
+            ("2026-01-05", ["squat"], "failed"),
+            ("2026-02-01", ["bench"], "processing"),
+            ("2026-03-01", ["row"], "processing"),
+        ):
+            conn.execute(
+                "INSERT INTO user_exercise_stats_refresh_jobs"
+                " (user_id, event_type, from_date, exercise_ids, status, locked_at, lock_owner)"
+                " VALUES (%s, 'session_saved', %s, %s, %s, now(), 'old worker')",
+                (user, from_date, exercises, status),
+            )
+        for m in discover():
+            if m.version > 11:
+                (folder / m.filename).write_text(m.sql)
+        migrate(conn, folder)
+        live = fetch_all(
+            conn,
+            "SELECT exercise_ids FROM user_exercise_stats_refresh_jobs WHERE status = 'processing'",
+        )
+        assert [r["exercise_ids"] for r in live] == [["row"]]
+        owed = fetch_one(conn, "SELECT * FROM user_stats_owed_ranges")
+        assert owed is not None
+        assert str(owed["from_date"]) == "2026-01-05"
+        assert owed["exercise_ids"] == ["bench", "squat"]
+        assert len(owed["failed_job_ids"]) == 2

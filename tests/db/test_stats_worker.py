@@ -97,9 +97,10 @@ def test_save_during_compute_publishes_its_own_generation(
 
 def test_moved_base_rejects_and_successor_absorbs_scope(conn: Connection, user: uuid.UUID) -> None:
     sf.save(conn, user, D, sf.sets(("squat", 100, 5)))
+    sf.save(conn, user, D, sf.sets(("squat", 90, 5)))
     claimed = claim(conn)
     service.compute(conn, claimed)
-    execute(conn, "UPDATE user_stats_refresh_state SET applied_version = 7")
+    execute(conn, "UPDATE user_stats_refresh_state SET applied_version = 1")
     rejected = service.publish(conn, claimed)
     assert rejected.status == "rejected" and "base" in (rejected.reason or "")
     jobs = sf.jobs(conn, user)
@@ -224,8 +225,8 @@ def test_batch_resumes_after_a_killed_worker(conn: Connection, user: uuid.UUID) 
     assert (resumed.run_id, resumed.lease_token) == (dead.run_id, dead.lease_token)
     result = service.compute(conn, resumed)
     assert (result.stage, result.next_offset) == ("batches", 200)  # same cursor
-    status, _, publication = processors.process_claim(conn, resumed)
-    assert status == "computed" and publication is not None and publication.status == "published"
+    processed = processors.process_claim(conn, resumed)
+    assert processed.status == "computed" and processed.outcome == "published"
     run = fetch_one(
         conn, "SELECT attempts FROM user_stats_projection_runs WHERE id = %s", (dead.run_id,)
     )
@@ -252,8 +253,7 @@ def test_statement_timeout_in_a_batch_rolls_back_and_backs_off(
     assert service.compute(conn, claimed).status == "retry_pending"  # no immediate retry
     execute(conn, "UPDATE user_stats_projection_runs SET retry_not_before = now()")
     execute(conn, "UPDATE stats_projection_worker_settings SET compute_budget_ms = 60000")
-    _, _, publication = processors.process_claim(conn, claimed)
-    assert publication is not None and publication.status == "published"
+    assert processors.process_claim(conn, claimed).outcome == "published"
 
 
 def test_changed_inputs_invalidate_a_batch_attempt(conn: Connection, user: uuid.UUID) -> None:

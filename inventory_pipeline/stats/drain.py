@@ -1,0 +1,152 @@
+"""Drivers of the worker's stages and the one drain policy: the drain loop (what the
+Dagster drain and `stats drain` run), the one-owner synchronous door and the scoped
+single-user processor."""
+
+from __future__ import annotations
+
+from typing import Literal
+from uuid import UUID
+
+from inventory_pipeline.db import Connection, DatabaseError, transaction
+from inventory_pipeline.stats import repository as repo
+from inventory_pipeline.stats.claim import claim
+from inventory_pipeline.stats.compute import compute
+from inventory_pipeline.stats.models import (
+    STATEMENT_TIMEOUT,
+    TRANSACTION_BOUNDARY,
+    AccountResult,
+    DrainSummary,
+    ProcessResult,
+    StatsClaim,
+    WorkWaiting,
+)
+from inventory_pipeline.stats.publish import publish
+
+MAX_ROUNDS = 50
+# A drain that finds claimable work again when its claims ran out (it arrived during
+# the pass) makes one more pass, no more: a pass ends when a claim finds nothing.
+MAX_PASSES = 2
+
+
+def work_waiting(conn: Connection) -> WorkWaiting:
+    """The one definition of work waiting, for the sensor and the drain alike."""
+    return repo.waiting_work(conn)
+
+
+def process_claim(conn: Connection, claimed: StatsClaim) -> ProcessResult:
+    """Compute (committing between calls) until a terminal response, then publish.
+    Inside a caller's transaction the cursor cannot advance: the first
+    transaction_boundary_required ends the call with batch_pending."""
+    batches = 0
+    while True:
+        result = compute(conn, claimed)
+        if result.status != "batch_pending":
+            break
+        if result.reason == TRANSACTION_BOUNDARY:
+            return ProcessResult("batch_pending", batches)
+        batches += 1
+    if result.status != "computed":
+        return ProcessResult(result.status, batches)
+    return ProcessResult("computed", max(batches, 1), publish(conn, claimed))
+
+
+def drain(conn: Connection, lock_owner: str, max_rounds: int = MAX_ROUNDS) -> DrainSummary:
+    """Claim and process until a claim finds nothing or the round budget is spent; one
+    more pass when claimable work arrived meanwhile. Nothing is claimed while paused."""
+    summary = _pass(conn, lock_owner, max_rounds)
+    while (
+        summary.passes < MAX_PASSES
+        and summary.rounds < max_rounds
+        and work_waiting(conn).claimable > 0
+    ):
+        summary = summary.then(_pass(conn, lock_owner, max_rounds - summary.rounds))
+    return summary
+
+
+def _pass(conn: Connection, lock_owner: str, max_rounds: int) -> DrainSummary:
+    published: list[tuple[UUID, int, int]] = []
+    deferred = rejected = failed = rounds = 0
+    while rounds < max_rounds:
+        claimed = claim(conn, lock_owner)
+        if claimed is None:
+            break
+        rounds += 1
+        result = process_claim(conn, claimed)
+        outcome = result.outcome
+        if outcome == "published":
+            published.append((claimed.user_id, claimed.target_version, result.batches))
+        elif outcome == "rejected":
+            rejected += 1
+        elif outcome == "deferred":
+            deferred += 1
+        else:
+            failed += 1
+    return DrainSummary(tuple(published), deferred, rejected, failed, rounds)
+
+
+def process_one_account(conn: Connection, lock_owner: str) -> AccountResult:
+    """The one-owner synchronous door: exactly one account per call; a caller drains by
+    looping while has_more. A pending batch is deferred, not counted as completed."""
+    claimed = claim(conn, lock_owner)
+    if claimed is None:
+        remaining = repo.remaining_users(conn)
+        return AccountResult(None, "idle", None, remaining > 0, remaining)
+    result = process_claim(conn, claimed)
+    remaining = repo.remaining_users(conn)
+    return AccountResult(
+        claimed.user_id,
+        result.outcome,
+        claimed.target_version,
+        remaining > 0,
+        remaining,
+        result.batches,
+    )
+
+
+# PostgreSQL reports a statement timeout and a client's or operator's cancel with the
+# same SQLSTATE (57014); only the server's message tells them apart, and the scoped
+# processor's contract recovers exactly the former.
+TIMEOUT_MESSAGE = "canceling statement due to statement timeout"
+
+
+def _statement_timeout(exc: DatabaseError) -> bool:
+    return exc.sqlstate == STATEMENT_TIMEOUT and str(exc).startswith(TIMEOUT_MESSAGE)
+
+
+class _Deferred(Exception):
+    """Roll the scoped subtransaction back: the account goes to the worker."""
+
+
+def process_user(conn: Connection, user_id: UUID, lock_owner: str) -> AccountResult:
+    """The scoped single-user processor: claim, compute and publish inside one
+    subtransaction. Exactly a statement timeout (57014) rolls it back and reports
+    worker_timed_out with the job still pending; any other cancellation is re-raised.
+    An account that needs batches is deferred to the worker (batches need their own
+    transactions). Its claim stays uncommitted until the end, holding the turn to count
+    leases: it never waits for that turn (idle if another claim has it), and other
+    claims wait for it at most their claim budget."""
+    try:
+        with transaction(conn):
+            claimed = claim(conn, lock_owner, user_id, wait=False)
+            if claimed is None:
+                remaining = repo.remaining_users(conn, user_id)
+                return AccountResult(user_id, "idle", None, remaining > 0, remaining)
+            result = compute(conn, claimed, record_interruptions=False)
+            if result.status != "computed":
+                raise _Deferred(result.status)
+            publication = publish(conn, claimed, record_interruptions=False)
+            if publication.status not in ("published", "rejected"):
+                raise _Deferred(publication.status)
+    except _Deferred:
+        remaining = repo.remaining_users(conn, user_id)
+        return AccountResult(user_id, "deferred", None, remaining > 0, remaining)
+    except DatabaseError as exc:
+        if _statement_timeout(exc):
+            remaining = repo.remaining_users(conn, user_id)
+            return AccountResult(user_id, "worker_timed_out", None, remaining > 0, remaining)
+        raise
+    remaining = repo.remaining_users(conn, user_id)
+    outcome: Literal["published", "rejected"] = (
+        "published" if publication.status == "published" else "rejected"
+    )
+    return AccountResult(user_id, outcome, claimed.target_version, remaining > 0, remaining, 1)

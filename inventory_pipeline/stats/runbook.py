@@ -1,0 +1,79 @@
+"""The operator's runbook for the stats worker: show and change the budgets, pause and
+resume claiming, retry an exhausted job, and the status figures. The CLI and the
+Dagster control job both call these."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inventory_pipeline.db import Connection, DatabaseError, transaction
+from inventory_pipeline.stats import repository as repo
+from inventory_pipeline.stats.models import CHECK_VIOLATION, RetryOutcome, WorkerSettings
+
+NUMERIC_OUT_OF_RANGE = "22003"
+SETTING_NAMES = (
+    "claim_budget_ms",
+    "compute_budget_ms",
+    "publish_budget_ms",
+    "lease_seconds",
+    "active_lease_cap",
+    "max_attempts",
+    "retry_backoff_seconds",
+)
+
+
+class RunbookError(ValueError):
+    """The operator's request cannot be carried out (one line says why)."""
+
+
+def settings(conn: Connection) -> WorkerSettings:
+    return repo.read_settings(conn)
+
+
+def change_settings(conn: Connection, changes: dict[str, int | None]) -> WorkerSettings:
+    """Change budgets, lease, cap, attempts or backoff; the settings table's CHECKs
+    decide what is allowed (publish below 8 s, the lease covering compute + publish)."""
+    unknown = set(changes) - set(SETTING_NAMES)
+    if unknown:
+        raise RunbookError(f"unknown setting {sorted(unknown)[0]}")
+    try:
+        with transaction(conn):
+            return repo.update_settings(conn, dict(changes))
+    except DatabaseError as exc:
+        if exc.sqlstate in (CHECK_VIOLATION, NUMERIC_OUT_OF_RANGE):
+            first = str(exc).splitlines()[0] if str(exc) else exc.sqlstate
+            raise RunbookError(f"settings refused: {first}") from None
+        raise
+
+
+def pause(conn: Connection) -> WorkerSettings:
+    """No claim starts while paused: work in flight finishes its stage calls, pending
+    jobs and resumable runs wait; nothing is dropped."""
+    with transaction(conn):
+        return repo.update_settings(conn, {"paused": True})
+
+
+def resume(conn: Connection) -> WorkerSettings:
+    with transaction(conn):
+        return repo.update_settings(conn, {"paused": False})
+
+
+def retry(conn: Connection, job_id: int) -> RetryOutcome:
+    """Retry an exhausted (failed) job: its range goes through the queue again as a new
+    generation. Refused for an unknown job, a job that did not fail, or one already
+    retried."""
+    with transaction(conn):
+        job = repo.lock_job(conn, job_id)
+        if job is None:
+            raise RunbookError(f"no stats job {job_id}")
+        if job.status != "failed":
+            raise RunbookError(f"job {job_id} is {job.status}, not an exhausted failure")
+        if job.retried_by is not None:
+            raise RunbookError(f"job {job_id} was already retried as job {job.retried_by}")
+        return RetryOutcome(job_id, repo.retry_job(conn, job_id))
+
+
+def status(conn: Connection) -> dict[str, Any]:
+    """The status function: queue, active/expired/backing-off leases, exhausted
+    failures, owed ranges, stale users, timings and the settings row."""
+    return repo.worker_status(conn)

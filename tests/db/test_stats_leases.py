@@ -1,0 +1,163 @@
+"""The active-lease cap holds under concurrent claims, a run waiting out its retry time
+holds no slot, and the status function counts active leases as the claim does."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from datetime import date
+
+from inventory_pipeline.db import Connection, connect, execute, fetch_one, transaction
+from inventory_pipeline.stats import processors, service
+from inventory_pipeline.stats.models import StatsClaim
+from tests import stats_factories as sf
+
+D = date(2026, 3, 10)
+
+
+def users_with_work(conn: Connection, count: int) -> list[uuid.UUID]:
+    sf.exercise(conn, "squat")
+    users = [uuid.uuid4() for _ in range(count)]
+    for u in users:
+        sf.save(conn, u, D, sf.sets(("squat", 100, 5)))
+    return users
+
+
+def live_runs(conn: Connection) -> int:
+    row = fetch_one(
+        conn,
+        "SELECT count(*) AS n FROM user_stats_projection_runs"
+        " WHERE phase IN ('claimed', 'computed') AND lease_until > now()",
+    )
+    assert row is not None
+    return int(row["n"])
+
+
+def waiting_backends(conn: Connection, pids: list[int]) -> int:
+    row = fetch_one(
+        conn,
+        "SELECT count(*) AS n FROM pg_stat_activity"
+        " WHERE pid = ANY(%s) AND wait_event_type = 'Lock'",
+        (pids,),
+    )
+    assert row is not None
+    return int(row["n"])
+
+
+def test_two_concurrent_claims_never_pass_the_cap(conn: Connection, db_url: str) -> None:
+    """Cap 2 with one live lease: two drains claim at once on their own connections.
+    Both would read 1 live lease; only one may start."""
+    users_with_work(conn, 3)
+    assert service.claim(conn, "first") is not None
+    results: list[StatsClaim | BaseException | None] = []
+    with (
+        connect(db_url) as gate,
+        connect(db_url) as one,
+        connect(db_url) as two,
+    ):
+        pids = [
+            fetch_one(c, "SELECT pg_backend_pid() AS pid")["pid"]  # type: ignore[index]
+            for c in (one, two)
+        ]
+
+        def claim_on(c: Connection, name: str) -> None:
+            try:
+                results.append(service.claim(c, name))
+            except BaseException as exc:  # reported by the assertion below
+                results.append(exc)
+
+        threads = [
+            threading.Thread(target=claim_on, args=(c, n)) for c, n in ((one, "one"), (two, "two"))
+        ]
+        with transaction(gate):
+            # Writes of new runs wait here, after each claim has counted the live leases.
+            execute(gate, "LOCK TABLE user_stats_projection_runs IN SHARE MODE")
+            for t in threads:
+                t.start()
+            for _ in range(500):
+                if waiting_backends(conn, pids) == 2:
+                    break
+                time.sleep(0.01)
+        for t in threads:
+            t.join(timeout=30)
+    assert live_runs(conn) == 2
+    assert sorted(type(r).__name__ for r in results) == ["NoneType", "StatsClaim"]
+
+
+def backing_off(conn: Connection, db_url: str, claimed: StatsClaim) -> None:
+    """A failed attempt (statement timeout) that waits an hour before its retry."""
+    execute(
+        conn,
+        "UPDATE stats_projection_worker_settings SET compute_budget_ms = 300,"
+        " retry_backoff_seconds = 3600",
+    )
+    with connect(db_url) as blocker, blocker.transaction():
+        execute(blocker, "LOCK TABLE stats_output_exercise IN EXCLUSIVE MODE")
+        assert service.compute(conn, claimed).status == "retry_pending"
+    execute(conn, "UPDATE stats_projection_worker_settings SET compute_budget_ms = 60000")
+
+
+def test_runs_in_backoff_hold_no_slot(conn: Connection, db_url: str) -> None:
+    """Two accounts waiting out a retry under cap 2 do not stop a third user, and the
+    status function calls them backing off, not active."""
+    first, second, third = users_with_work(conn, 3)
+    for _ in range(2):
+        claimed = service.claim(conn, "w")
+        assert claimed is not None
+        backing_off(conn, db_url, claimed)
+    status = processors.worker_status(conn)
+    assert (status["active_leases"], status["backing_off"]) == (0, 2)
+    taken = service.claim(conn, "w")
+    assert taken is not None and taken.user_id == third
+    assert processors.work_waiting(conn).free_slots == 1
+    status = processors.worker_status(conn)
+    assert (status["active_leases"], status["backing_off"]) == (1, 2)
+    assert processors.process_claim(conn, taken).outcome == "published"
+    assert sf.versions(conn, third) == (1, 1)
+    assert sf.versions(conn, first) == (1, 0) and sf.versions(conn, second) == (1, 0)
+
+
+def test_status_and_claim_agree_on_active(conn: Connection) -> None:
+    users_with_work(conn, 3)
+    for name in ("a", "b"):
+        assert service.claim(conn, name) is not None
+    assert processors.worker_status(conn)["active_leases"] == 2
+    assert processors.work_waiting(conn).free_slots == 0
+    assert processors.work_waiting(conn).claimable == 0
+    assert service.claim(conn, "c") is None
+
+
+def test_a_resumed_run_respects_the_cap(conn: Connection, db_url: str) -> None:
+    """A run whose retry time came is resumed only into a free slot, and is active
+    again once resumed."""
+    users_with_work(conn, 3)
+    claimed = service.claim(conn, "w")
+    assert claimed is not None
+    backing_off(conn, db_url, claimed)
+    for name in ("a", "b"):
+        assert service.claim(conn, name) is not None
+    execute(
+        conn,
+        "UPDATE user_stats_projection_runs SET retry_not_before = now() WHERE id = %s",
+        (claimed.run_id,),
+    )
+    assert service.claim(conn, "w") is None  # two active: the due run waits for a slot
+    execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 3")
+    resumed = service.claim(conn, "w")
+    assert resumed is not None and resumed.run_id == claimed.run_id
+    assert processors.worker_status(conn)["active_leases"] == 3
+
+
+def test_a_claim_waits_for_its_turn_at_most_its_budget(conn: Connection, db_url: str) -> None:
+    """Another claim holding the turn to count leases (a scoped processor's claim stays
+    uncommitted through its compute): the worker's claim gives up after its budget, the
+    scoped processor at once, neither with an error."""
+    [user] = users_with_work(conn, 1)
+    execute(conn, "UPDATE stats_projection_worker_settings SET claim_budget_ms = 300")
+    with connect(db_url) as holder, holder.transaction():
+        execute(holder, "SELECT pg_advisory_xact_lock(hashtextextended('stats_lease_slots', 0))")
+        assert service.claim(conn, "w") is None
+        assert processors.process_user(conn, user, "app").outcome == "idle"
+    assert [j["status"] for j in sf.jobs(conn, user)] == ["pending"]
+    assert service.claim(conn, "w") is not None
