@@ -9,6 +9,7 @@ from chaos.config import RELEASE_JITTER_SECONDS, RETRY_POLICY
 from inventory_pipeline.db import Connection, fetch_all, fetch_one, jsonb
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.profiles.generator import frame_from_rows, generate_profile
+from inventory_pipeline.stats import processors
 
 # The longest delay a case may legitimately wait: the retry cap, or the release jitter
 # of an authentication case released after a verified key.
@@ -468,6 +469,47 @@ def owed_ranges(conn: Connection) -> list[str]:
         f" generation {r['requested_version']}) never published after it failed"
         for r in fetch_all(conn, f"{OWED} ORDER BY f.id")
     ]
+
+
+def current_while_owed(conn: Connection) -> list[str]:
+    """A user's stats never read as current while a range is owed (`OWED`): sampled
+    through the run, one consistent snapshot each time."""
+    return [
+        f"user {r['user_id']}: stats read as current while the range of failed job"
+        f" {r['job_id']} was owed"
+        for r in fetch_all(
+            conn, f"SELECT * FROM ({OWED}) o WHERE NOT stats_user_is_stale(o.user_id)"
+        )
+    ]
+
+
+def nothing_owed(conn: Connection) -> list[str]:
+    """What the product itself records, once settled: no owed range, no user it calls
+    stale, and its status function saying so."""
+    out = [
+        f"user {r['user_id']}: owes a range (from {r['from_date'] or 'the start'},"
+        f" failed jobs {r['failed_job_ids']}) after settling"
+        for r in fetch_all(
+            conn,
+            "SELECT user_id, from_date, failed_job_ids FROM user_stats_owed_ranges"
+            " ORDER BY user_id",
+        )
+    ]
+    out += [
+        f"user {r['user_id']}: stats stale after settling"
+        for r in fetch_all(
+            conn,
+            "SELECT user_id FROM user_stats_refresh_state WHERE stats_user_is_stale(user_id)"
+            " ORDER BY user_id",
+        )
+    ]
+    status = processors.worker_status(conn)
+    out += [
+        f"status function: {key} = {status.get(key)} after settling"
+        for key in ("owed_users", "stale_users")
+        if status.get(key)
+    ]
+    return out
 
 
 def stats_generations(conn: Connection) -> list[str]:

@@ -77,7 +77,7 @@ from inventory_pipeline.db.connection import create_database, drop_database, url
 from inventory_pipeline.db.migrator import migrate
 from inventory_pipeline.provider import admission
 from inventory_pipeline.provider.standin import StandIn
-from inventory_pipeline.stats import processors
+from inventory_pipeline.stats import processors, runbook
 from tests.factories import tables_containing
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,6 +146,7 @@ class Report:
     claim_kills: Counter[str] = field(default_factory=Counter)
     squeezes: int = 0
     edits_during_compute: int = 0
+    exhausted_retried: int = 0  # by the runbook while settling
     divergences: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
@@ -166,7 +167,8 @@ class Report:
             f"refused by the database: {counted(self.refused)}",
             f"stats: claim holders killed {counted(self.claim_kills)}, budget squeezes"
             f" {self.squeezes}, large-account edits aimed at a computing run"
-            f" {self.edits_during_compute}",
+            f" {self.edits_during_compute}, exhausted jobs retried by the runbook while"
+            f" settling {self.exhausted_retried}",
             f"audit: {self.audit}",
             f"throttle storms, requests that reached the stand-in: {self.storms}",
             f"longest an active library stayed dirty: {self.dirty_seconds:.1f} s",
@@ -227,6 +229,34 @@ class DirtyClock(threading.Thread):
         self.done.set()
         self.join(timeout=5)
         return self.longest
+
+
+class FreshnessWatch(threading.Thread):
+    """Samples, once a second, whether the product calls any user's stats current while
+    a range of theirs is owed; keeps every such observation."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.seen: dict[str, None] = {}  # in the order first seen
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        conn: Connection | None = None
+        while not self.done.wait(1.0):
+            try:
+                if conn is None or conn.closed:
+                    conn = connect(self.url, application_name="chaos.harness")
+                self.seen.update(dict.fromkeys(invariants.current_while_owed(conn)))
+            except DatabaseError:
+                continue  # a restart: sample again in a second
+        if conn is not None:
+            conn.close()
+
+    def stop(self) -> list[str]:
+        self.done.set()
+        self.join(timeout=5)
+        return list(self.seen)
 
 
 class Harness:
@@ -394,6 +424,7 @@ def _quiesce(
     left: dict[str, int] = {}
     while time.monotonic() - started < timeout:
         harness.restart_exited()
+        harness.report.exhausted_retried += retry_exhausted(conn)
         left = invariants.outstanding(conn)
         if waited is not None:
             waited.update({k: time.monotonic() - started for k, v in left.items() if v})
@@ -402,6 +433,25 @@ def _quiesce(
             return time.monotonic() - started, {}
         time.sleep(1.0)
     return time.monotonic() - started, {k: v for k, v in left.items() if v}
+
+
+def retry_exhausted(conn: Connection) -> int:
+    """The runbook, as an operator follows it once the budgets are restored: retry the
+    exhausted jobs of every user whose stats say they are stale. A user the product
+    calls current is left alone, so a range it dropped without saying so stays for the
+    checks to find."""
+    retried = 0
+    for row in fetch_all(
+        conn,
+        "SELECT id FROM user_exercise_stats_refresh_jobs"
+        " WHERE status = 'failed' AND stats_user_is_stale(user_id) ORDER BY id",
+    ):
+        try:
+            runbook.retry(conn, int(row["id"]))
+        except runbook.RunbookError:
+            continue  # retried already
+        retried += 1
+    return retried
 
 
 def _audit(conn: Connection) -> dict[str, int]:
@@ -520,6 +570,8 @@ def run(
                 report.dagster_first = dagster.first_acknowledgement(url, DAEMON_FIRST_ACK_SECONDS)
             clock = DirtyClock(url)
             clock.start()
+            freshness = FreshnessWatch(url)
+            freshness.start()
             try:
                 _chaos(harness, workload, random.Random(f"{seed}-schedule"), seconds, log)
                 workload.settle()
@@ -549,6 +601,7 @@ def run(
                         report.divergences += _rebuild_and_compare(conn, harness)
             finally:
                 clock.stop()
+                report.divergences += freshness.stop()
                 harness.stop()
                 workload.conn.close()
                 if dagster is not None:
@@ -689,6 +742,7 @@ def _rebuild_and_compare(conn: Connection, harness: Harness) -> list[str]:
     full-history recomputation through the queue (a rebuild of every user, those whose
     sessions were all deleted included, published by the workers)."""
     out = invariants.owed_ranges(conn)
+    out += invariants.nothing_owed(conn)
     out += [f"settled: {line}" for line in stats_oracle.check(conn)]
     try:
         incremental = invariants.projections(conn)
