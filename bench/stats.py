@@ -14,8 +14,18 @@ import uuid
 from datetime import date, timedelta
 
 from bench.common import Figure, scratch_database
-from inventory_pipeline.db import connect, execute, fetch_one, jsonb
+from inventory_pipeline.db import (
+    Connection,
+    connect,
+    execute,
+    fetch_all,
+    fetch_one,
+    jsonb,
+    transaction,
+)
+from inventory_pipeline.stats import maintenance_repository as mrepo
 from inventory_pipeline.stats import processors
+from inventory_pipeline.stats import rollover as stats_rollover
 
 SEED_COMPUTE_MS = 43_853.488
 SEED_PUBLISH_MS = 1_984.670
@@ -99,8 +109,133 @@ def rebuild(admin_url: str, users: int, workers: int) -> float:
     return users / elapsed
 
 
+ROLLOVER_USERS = """
+INSERT INTO exercises (id, name) SELECT 'move_' || g, 'Move ' || g FROM generate_series(1, 8) g;
+INSERT INTO training_sessions (id, user_id, session_date)
+SELECT md5(u || '-' || s)::uuid, md5('user-' || u)::uuid,
+       %(today)s::date - (s * 700 / %(sessions)s)
+FROM generate_series(1, %(users)s) u, generate_series(1, %(sessions)s) s;
+INSERT INTO training_sets (session_id, position, exercise_id, weight_kg, reps, warmup)
+SELECT t.id, p, 'move_' || (1 + (p + t.h) %% 8), 40 + (t.h + p * 7) %% 120, 1 + (t.h + p) %% 12,
+       p = 1
+FROM (SELECT id, abs(hashtext(id::text)) AS h FROM training_sessions) t,
+     generate_series(1, 5) p;
+"""
+
+
+def _midnight(conn: Connection, day: date) -> None:
+    """The database date becomes `day` for this session, and every window is due."""
+    execute(conn, "SELECT set_config('inventory.stats_today', %s, false)", (str(day),))
+    execute(conn, "UPDATE user_pr_overview_rollover_state SET due_at = now()")
+
+
+def rollover_day(admin_url: str, users: int, sessions: int) -> tuple[float, float, int]:
+    """One midnight for `users` users with `sessions` sessions (5 sets) each over two
+    years: seconds for the window moved in place (this rollover), and for the former
+    daily work, a full-history, all-exercise generation per user (request + worker)."""
+    with scratch_database(admin_url) as url:
+        with connect(url) as conn:
+            # The server's own date: a rolled window is next due at the following midnight.
+            row = fetch_one(conn, "SELECT current_date AS today")
+            assert row is not None
+            today = row["today"]
+            params = {"users": users, "sessions": sessions, "today": str(today)}
+            for statement in ROLLOVER_USERS.split(";\n"):
+                if statement.strip():
+                    execute(conn, statement, params)
+            execute(conn, "SELECT set_config('inventory.stats_today', %s, false)", (str(today),))
+            execute(conn, "ANALYZE training_sessions, training_sets")
+            ids = [r["user_id"] for r in fetch_all(conn, USER_IDS)]
+            execute(
+                conn,
+                "INSERT INTO user_stats_refresh_state (user_id, requested_version,"
+                " applied_version) SELECT unnest(%s::uuid[]), 1, 1",
+                (ids,),
+            )
+            for user in ids:  # generation 1 of every user with its window, built whole
+                with transaction(conn):
+                    mrepo.rollover_window(conn, user, 1)
+                    mrepo.schedule_rollover(conn, user, 1)
+            execute(conn, ANALYZE_LOADED)
+        with connect(url) as conn:
+            _midnight(conn, today + timedelta(days=1))
+            start = time.perf_counter()
+            rolled = 0
+            while (step := stats_rollover.rollover(conn, stats_rollover.ROLLOVER_PAGE_MAX)).rolled:
+                rolled += step.rolled
+            new = time.perf_counter() - start
+        assert rolled == users, (rolled, users)
+        day = today + timedelta(days=2)
+        with connect(url) as conn:
+            _midnight(conn, day)
+            start = time.perf_counter()
+            for user in ids:  # the former rollover: a new generation per due user
+                with transaction(conn):
+                    mrepo.request_generation(
+                        conn, user, "pr_overview_rollover", "PR overview rollover", day
+                    )
+            summary = processors.drain(conn, "bench", max_rounds=10**7)
+            old = time.perf_counter() - start
+        assert len(summary.published) == users, (len(summary.published), users)
+    return new, old, rolled
+
+
+USER_IDS = "SELECT DISTINCT user_id FROM training_sessions ORDER BY 1"
+# The loaded tables only: an empty queue analyzed as empty would make the enqueue's
+# cached plans scan it whole once it fills (a state no long-lived database is in).
+ANALYZE_LOADED = (
+    "ANALYZE training_sessions, training_sets, user_stats_refresh_state,"
+    " user_pr_overview_snapshot_headers, user_pr_exercise_summary_snapshots,"
+    " user_pr_overview_rollover_state"
+)
+
+
+def rebuild_enqueue(admin_url: str, users: int) -> float:
+    """Seconds to request a rebuild of every one of `users` users (one session each):
+    one user per transaction, through the queue."""
+    with scratch_database(admin_url) as url, connect(url) as conn:
+        execute(
+            conn,
+            "INSERT INTO training_sessions (id, user_id, session_date)"
+            " SELECT md5('s' || u)::uuid, md5('u' || u)::uuid, date '2025-01-01'"
+            " FROM generate_series(1, %s) AS u",
+            (users,),
+        )
+        execute(conn, "ANALYZE training_sessions")
+        start = time.perf_counter()
+        progress = processors.request_rebuild(conn, None)
+        elapsed = time.perf_counter() - start
+    assert progress.requested == users, (progress.requested, users)
+    return elapsed
+
+
+def rollover(admin_url: str, smoke: bool) -> list[Figure]:
+    users, sessions = (50, 30) if smoke else (10_000, 150)
+    new, old, _ = rollover_day(admin_url, users, sessions)
+    return [
+        Figure(
+            f"stats rollover of {users} users ({sessions} sessions over two years each)",
+            new,
+            " s",
+            f"{old / new:.0f}x less than a new full generation per user ({old:.1f} s)",
+        )
+    ]
+
+
 def run(admin_url: str, smoke: bool) -> list[Figure]:
     figures = incident(admin_url, smoke)
+    figures += rollover(admin_url, smoke)
+    everyone = 1000 if smoke else 100_000
+    enqueue = rebuild_enqueue(admin_url, everyone)
+    figures.append(
+        Figure(
+            f"stats rebuild request for all {everyone} users, one user per transaction",
+            enqueue,
+            " s",
+            f"{everyone / enqueue:.0f} users/s; one statement for all failed with 53200"
+            " at 100,000 users (max_locks_per_transaction = 64)",
+        )
+    )
     users = 50 if smoke else 1000
     one = rebuild(admin_url, users, 1)
     two = rebuild(admin_url, users, 2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from inventory_pipeline.defs import credentials, observation, profiles, stats
+from inventory_pipeline.defs import credentials, observation, profiles, stats, stats_maintenance
 from inventory_pipeline.defs.resources import inventory_database
 
 defs = dg.Definitions(
@@ -22,10 +22,7 @@ defs = dg.Definitions(
         credentials.credential_wakeup,
         stats.stats_drain,
         stats.stats_worker_control,
-        stats.stats_rebuild,
-        stats.stats_rollover,
-        stats.stats_backfill_scan,
-        stats.stats_retention,
+        *stats_maintenance.maintenance_jobs,
     ],
     sensors=[
         profiles.library_profile_sensor,
@@ -33,6 +30,6 @@ defs = dg.Definitions(
         credentials.credential_wakeup_sensor,
         stats.stats_refresh_sensor,
     ],
-    schedules=[profiles.compaction_schedule, *stats.stats_schedules],
+    schedules=[profiles.compaction_schedule, *stats_maintenance.maintenance_schedules],
     resources={"inventory_db": inventory_database()},
 )

@@ -9,12 +9,11 @@ what was published.
 # time and compares the context annotation to real classes.
 
 import enum
-import uuid
 
 import dagster as dg
 
 from inventory_pipeline.defs.resources import InventoryDatabase, run_in_flight
-from inventory_pipeline.stats import maintenance, processors, runbook
+from inventory_pipeline.stats import processors, runbook
 
 QUEUE_TAG = "inventory_pipeline/queue"
 STATS_QUEUE = "stats_drain"
@@ -151,100 +150,3 @@ def control_stats_worker(
 )
 def stats_worker_control() -> None:
     control_stats_worker()
-
-
-@dg.op(config_schema={"user_ids": dg.Field([str], default_value=[])})
-def request_stats_rebuild(
-    context: dg.OpExecutionContext, inventory_db: InventoryDatabase
-) -> dg.Output[int]:
-    """Enqueue full-history ranges for chosen users (none chosen: every user)."""
-    raw = list(context.op_config["user_ids"])
-    try:
-        users = [uuid.UUID(value) for value in raw]
-    except ValueError:
-        raise dg.Failure("user_ids must be UUIDs") from None
-    with inventory_db.connection() as conn:
-        queued = processors.request_rebuild(conn, users or None)
-    return dg.Output(len(queued), metadata={"users": len(queued)})
-
-
-@dg.job(
-    executor_def=dg.in_process_executor,
-    description="Rebuild stats for chosen users (or all) through the queue.",
-)
-def stats_rebuild() -> None:
-    request_stats_rebuild()
-
-
-@dg.op(tags={QUEUE_TAG: "stats_maintenance"})
-def roll_pr_overview(inventory_db: InventoryDatabase) -> dg.Output[int]:
-    """Answer catalog tokens, then request new generations for one due page of users."""
-    with inventory_db.connection() as conn:
-        catalog = maintenance.process_catalog(conn)
-        rolled = maintenance.rollover(conn)
-        overview = maintenance.rollover_overview(conn)
-    metadata: dict[str, dg.RawMetadataValue] = {
-        "catalog_requests": catalog,
-        "rollover_requested": rolled.requested,
-        "rollover_failed": rolled.failed,
-        "due_backlog": int(overview.get("due_backlog") or 0),
-        "failing_users": int(overview.get("failing_users") or 0),
-        "oldest_success": str(overview.get("oldest_success") or "-"),
-    }
-    return dg.Output(rolled.requested + catalog, metadata=metadata)
-
-
-@dg.job(executor_def=dg.in_process_executor, tags={QUEUE_TAG: "stats_maintenance"})
-def stats_rollover() -> None:
-    roll_pr_overview()
-
-
-@dg.op
-def scan_stale_stats(inventory_db: InventoryDatabase) -> dg.Output[int]:
-    with inventory_db.connection() as conn:
-        stale = maintenance.scan(conn)
-    signals: dict[str, int] = {}
-    for _, signal in stale:
-        signals[signal] = signals.get(signal, 0) + 1
-    return dg.Output(
-        len(stale), metadata={"users": len(stale), "signals": dg.MetadataValue.json(signals)}
-    )
-
-
-@dg.job(executor_def=dg.in_process_executor)
-def stats_backfill_scan() -> None:
-    scan_stale_stats()
-
-
-@dg.op
-def prune_stats_history(inventory_db: InventoryDatabase) -> dg.Output[int]:
-    with inventory_db.connection() as conn:
-        deleted = maintenance.prune(conn)
-    return dg.Output(sum(deleted.values()), metadata=dict(deleted))
-
-
-@dg.job(executor_def=dg.in_process_executor)
-def stats_retention() -> None:
-    prune_stats_history()
-
-
-stats_schedules = [
-    dg.ScheduleDefinition(
-        job=stats_rollover,
-        cron_schedule="* * * * *",
-        default_status=dg.DefaultScheduleStatus.RUNNING,
-        description="Every minute: catalog invalidation and one due page of PR windows.",
-    ),
-    dg.ScheduleDefinition(
-        job=stats_backfill_scan,
-        cron_schedule="23 * * * *",
-        default_status=dg.DefaultScheduleStatus.RUNNING,
-        description="Hourly backfill scanner.",
-    ),
-    dg.ScheduleDefinition(
-        job=stats_retention,
-        cron_schedule="7-59/10 * * * *",
-        default_status=dg.DefaultScheduleStatus.RUNNING,
-        description="Every ten minutes: finished stats history older than seven days.",
-    ),
-]

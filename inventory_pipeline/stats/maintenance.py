@@ -1,128 +1,165 @@
-"""Bounded stats maintenance (seed 001 D10): PR overview rollover, catalog
-invalidation, the backfill scanner and history retention. Each discovers work and
-enqueues a new generation; the worker publishes it."""
+"""Bounded stats maintenance: catalog invalidation, the backfill scanner and history
+retention (the rollover is in `rollover.py`, the operator's rebuild in `rebuild.py`).
+
+No transaction spans more than one user: every pass over users takes one user per
+transaction and keeps its position in a row (the catalog pass in its token row, the
+scanner in its cursor row), so a restart resumes it and one failing user never holds up
+the users after it.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 from uuid import UUID
 
-from inventory_pipeline.db import Connection, DatabaseError, transaction
-from inventory_pipeline.stats import repository as repo
+from inventory_pipeline.db import Connection, DatabaseError, DatabaseUnavailable, transaction
+from inventory_pipeline.stats import maintenance_repository as repo
+from inventory_pipeline.stats.rollover import (
+    ROLLOVER_PAGE,
+    ROLLOVER_PAGE_MAX,
+    RolloverResult,
+    rollover,
+    rollover_overview,
+)
 
-ROLLOVER_PAGE = 10
-ROLLOVER_PAGE_MAX = 25
 CATALOG_USER_PAGE = 100
+SCAN_PAGE = 500
 RETENTION_DAYS = 7
 RETENTION_BATCH = 5000
 
-
-@dataclass(frozen=True)
-class RolloverResult:
-    requested: int
-    failed: int
-
-
-def _request(conn: Connection, user_id: UUID, event_type: str, reason: str, from_date: Any) -> None:
-    repo.one(
-        conn,
-        "request_generation",
-        {
-            "user_id": user_id,
-            "event_type": event_type,
-            "from_date": from_date,
-            "reason": reason,
-            "source_ref": event_type,
-        },
-    )
+__all__ = [
+    "CATALOG_USER_PAGE",
+    "RETENTION_BATCH",
+    "RETENTION_DAYS",
+    "ROLLOVER_PAGE",
+    "ROLLOVER_PAGE_MAX",
+    "SCAN_PAGE",
+    "RolloverResult",
+    "ScanResult",
+    "process_catalog",
+    "prune",
+    "rollover",
+    "rollover_overview",
+    "scan",
+]
 
 
-def rollover(conn: Connection, limit: int = ROLLOVER_PAGE) -> RolloverResult:
-    """One page of users whose three-day window is due: each gets a new generation
-    (from the current database date); failures keep an attempt count and next retry."""
-    limit = max(1, min(limit, ROLLOVER_PAGE_MAX))
-    requested = failed = 0
+def _personal_step(conn: Connection, skipped: list[str]) -> bool | None:
+    """Answer one personal catalog scope: only its owner gets a generation. Returns
+    True when answered, False when its request failed (the scope joins `skipped` and is
+    answered next time), None when no scope is left."""
+    scope: tuple[str, int] | None = None
+    try:
+        with transaction(conn):
+            repo.set_lock_timeout(conn)
+            scope = repo.catalog_next_personal(conn, skipped)
+            if scope is None:
+                return None
+            owner, token = scope
+            repo.request_generation(conn, UUID(owner), "catalog_changed", "catalog changed", None)
+            repo.personal_scope_done(conn, owner, token)
+            return True
+    except DatabaseUnavailable:
+        raise
+    except DatabaseError:
+        if scope is None:
+            raise
+        skipped.append(scope[0])
+        return False
+
+
+def _global_step(conn: Connection) -> tuple[bool, bool]:
+    """One user of the global pass: (a user was requested, the pass may go on)."""
     with transaction(conn):
-        repo.run(conn, "set_lock_timeout")
-        for row in repo.many(conn, "rollover_page", {"limit": limit}):
-            user_id = row["user_id"]
-            try:
-                with transaction(conn):
-                    today = repo.one(conn, "stats_today")
-                    _request(
-                        conn,
-                        user_id,
-                        "pr_overview_rollover",
-                        "PR overview rollover",
-                        today["today"] if today else None,
-                    )
-                    repo.run(conn, "rollover_requested", {"user_id": user_id})
-                requested += 1
-            except DatabaseError as exc:
-                failed += 1
-                first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                repo.run(conn, "rollover_failed", {"user_id": user_id, "error": first[:200]})
-    return RolloverResult(requested, failed)
-
-
-def rollover_overview(conn: Connection) -> dict[str, Any]:
-    row = repo.one(conn, "rollover_overview")
-    return {} if row is None else dict(row)
+        repo.set_lock_timeout(conn)
+        scope = repo.catalog_global_pass(conn)
+        if scope is None:
+            return False, False
+        # A running pass is never restarted; a later token waits for the follow-up pass.
+        pass_token = scope.pass_token if scope.pass_token is not None else scope.token
+        user_id = repo.user_after(conn, scope.cursor)
+        if user_id is None:
+            repo.global_pass_progress(conn, pass_token, None, done=True)
+            return False, False
+        repo.request_generation(conn, user_id, "catalog_changed", "catalog changed", None)
+        repo.global_pass_progress(conn, pass_token, user_id, done=False)
+        return True, True
 
 
 def process_catalog(conn: Connection, page: int = CATALOG_USER_PAGE) -> int:
-    """Answer catalog change tokens: a personal change requests only its owner; a global
-    change pages through users. A running global pass is never restarted: changes that
-    arrive meanwhile leave a follow-up pass for the latest token."""
+    """Answer catalog change tokens, one user per transaction: each personal change
+    requests its owner; a global change pages through users (at most `page` per call).
+    Returns the users requested. A personal scope whose request fails (its user's lock
+    not available in time) is answered next time without holding up the others; a
+    global pass stops at such a user and resumes there next time."""
     requested = 0
+    skipped: list[str] = []
+    while requested + len(skipped) < page:
+        answered = _personal_step(conn, skipped)
+        if answered is None:
+            break
+        requested += int(answered)
+    global_users = 0
+    more = True
+    try:
+        while more and global_users < page:
+            asked, more = _global_step(conn)
+            global_users += int(asked)
+    except DatabaseUnavailable:
+        raise
+    except DatabaseError:
+        pass  # the pass resumes at this user next time; never skipped
+    return requested + global_users
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    """One scanner page: stale users merged into the queue, users whose request failed
+    (found again next lap), and whether the page ended a lap."""
+
+    stale: tuple[tuple[UUID, str], ...]
+    failed: tuple[UUID, ...]
+    lap_done: bool
+
+
+def scan(conn: Connection, limit: int = SCAN_PAGE) -> ScanResult:
+    """One page of the backfill scanner. The cursor moves past the page before its users
+    are looked at, so a page that fails cannot keep the scanner from later users; each
+    stale user is requested in its own transaction as `scheduled_stats_backfill` with a
+    full-history range."""
     with transaction(conn):
-        repo.run(conn, "set_lock_timeout")
-        for scope in repo.many(conn, "catalog_scopes", {"limit": 10}):
-            if scope["scope"] != "global":
-                _request(conn, UUID(scope["scope"]), "catalog_changed", "catalog changed", None)
-                repo.run(
-                    conn, "personal_scope_done", {"scope": scope["scope"], "token": scope["token"]}
+        page = repo.scan_page(conn, limit)
+        if page is None:  # another scanner holds the cursor
+            return ScanResult((), (), False)
+        lap_done = len(page.user_ids) < limit
+        repo.scan_advance(conn, None if lap_done else page.user_ids[-1])
+    if not page.user_ids:
+        return ScanResult((), (), lap_done)
+    stale = repo.stale_users(conn, page.user_ids)
+    found: list[tuple[UUID, str]] = []
+    failed: list[UUID] = []
+    for user_id, signal in stale:
+        try:
+            with transaction(conn):
+                repo.set_lock_timeout(conn)
+                repo.request_generation(
+                    conn, user_id, "scheduled_stats_backfill", f"backfill: {signal}", None
                 )
-                requested += 1
-                continue
-            pass_token = scope["pass_token"] if scope["pass_token"] is not None else scope["token"]
-            users = repo.many(conn, "users_after", {"cursor": scope["cursor"], "limit": page})
-            for user in users:
-                _request(conn, user["user_id"], "catalog_changed", "catalog changed", None)
-            requested += len(users)
-            done = len(users) < page
-            repo.run(
-                conn,
-                "global_pass_progress",
-                {
-                    "pass_token": pass_token,
-                    "done": done,
-                    "cursor": None if done else users[-1]["user_id"],
-                },
-            )
-    return requested
-
-
-def scan(conn: Connection, limit: int = 500) -> list[tuple[UUID, str]]:
-    """The hourly backfill scanner: stale users merged into the queue as
-    `scheduled_stats_backfill` with a full-history range."""
-    with transaction(conn):
-        stale = repo.many(conn, "stale_users", {"limit": limit})
-        for row in stale:
-            _request(
-                conn, row["user_id"], "scheduled_stats_backfill", f"backfill: {row['signal']}", None
-            )
-    return [(r["user_id"], r["signal"]) for r in stale]
+            found.append((user_id, signal))
+        except DatabaseUnavailable:
+            raise
+        except DatabaseError:
+            failed.append(user_id)
+    return ScanResult(tuple(found), tuple(failed), lap_done)
 
 
 def prune(
     conn: Connection, days: int = RETENTION_DAYS, batch: int = RETENTION_BATCH
 ) -> dict[str, int]:
-    """Delete finished history older than `days`, at most `batch` rows per statement."""
-    params = {"days": days, "limit": batch}
+    """One bounded retention pass (at most `batch` rows per statement): completed jobs
+    that are not their user's latest and had no failed attempt, and the catalog change
+    log, older than `days`. Failed jobs and runs stay for inspection."""
     return {
-        "jobs": repo.run(conn, "prune_jobs", params),
-        "runs": repo.run(conn, "prune_runs", params),
-        "catalog_changes": repo.run(conn, "prune_catalog_log", params),
+        "jobs": repo.prune_jobs(conn, days, batch),
+        "catalog_changes": repo.prune_catalog_log(conn, days, batch),
     }

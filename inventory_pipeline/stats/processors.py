@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from inventory_pipeline.db import Connection, transaction
+from inventory_pipeline.db import Connection
+from inventory_pipeline.stats import rebuild
 from inventory_pipeline.stats import repository as repo
 from inventory_pipeline.stats.drain import (
     drain,
@@ -15,6 +16,7 @@ from inventory_pipeline.stats.drain import (
     process_user,
     work_waiting,
 )
+from inventory_pipeline.stats.rebuild import RebuildProgress
 from inventory_pipeline.stats.runbook import status as worker_status
 
 __all__ = [
@@ -29,11 +31,10 @@ __all__ = [
 ]
 
 
-def request_rebuild(conn: Connection, user_ids: list[UUID] | None) -> list[tuple[UUID, int]]:
-    """Enqueue full-history ranges through the queue (never around it)."""
-    with transaction(conn):
-        rows = repo.many(conn, "request_rebuild", {"user_ids": user_ids})
-    return [(r["user_id"], int(r["job_id"])) for r in rows]
+def request_rebuild(conn: Connection, user_ids: list[UUID] | None) -> RebuildProgress:
+    """Enqueue full-history ranges through the queue (never around it), one user per
+    transaction (see `rebuild.py`)."""
+    return rebuild.request_rebuild(conn, user_ids)
 
 
 def read_pr_overview(conn: Connection, user_id: UUID, as_of: Any) -> list[dict[str, Any]]:

@@ -395,21 +395,71 @@ WHERE status IN ('pending', 'processing')
 -- name: worker_status
 SELECT stats_projection_worker_status() AS status;
 
--- name: request_rebuild
--- An operator's rebuild: full history for chosen users (or every user with data).
-WITH users AS (
-    SELECT DISTINCT user_id FROM training_sessions
-    WHERE %(user_ids)s::uuid[] IS NULL OR user_id = ANY (%(user_ids)s::uuid[])
-    UNION
-    SELECT unnest(%(user_ids)s::uuid[])
+-- name: rebuild_start
+-- An operator's rebuild request: a pass over every user (NULL) or over the chosen users,
+-- sorted and without duplicates. It takes no user's lock; its steps do, one at a time.
+INSERT INTO stats_rebuild_passes (user_ids)
+SELECT CASE WHEN %(user_ids)s::uuid[] IS NULL THEN NULL
+            ELSE coalesce((SELECT array_agg(DISTINCT u ORDER BY u)
+                           FROM unnest(%(user_ids)s::uuid[]) AS u
+                           WHERE u IS NOT NULL), '{}') END
+RETURNING id;
+
+-- name: rebuild_step
+-- One user of a rebuild pass in one transaction: the next user after the pass's position
+-- (every user: the least id above the cursor among users with sessions or a stats state;
+-- a list: the next entry) gets a full-history generation through the merge-enqueue, and
+-- the position moves with it, so a killed pass resumes exactly after the last user it
+-- committed. No next user: the pass is finished (no row when it was already). Two
+-- drivers of one pass take turns on its row. The step commits asynchronously: a crash
+-- can lose only whole steps (enqueue and position together), which the resumed pass
+-- then repeats.
+WITH pass AS (
+    SELECT p.id, p.user_ids, p.cursor, p.position,
+           set_config('synchronous_commit', 'off', true) AS async_commit
+    FROM stats_rebuild_passes p
+    WHERE p.id = %(pass_id)s AND p.finished_at IS NULL
+    FOR UPDATE
+),
+next AS (
+    SELECT pass.id,
+           CASE WHEN pass.user_ids IS NOT NULL THEN pass.user_ids[pass.position + 1]
+                WHEN pass.cursor IS NULL THEN least(
+                    (SELECT s.user_id FROM training_sessions s ORDER BY 1 LIMIT 1),
+                    (SELECT st.user_id FROM user_stats_refresh_state st ORDER BY 1 LIMIT 1))
+                ELSE least(
+                    (SELECT s.user_id FROM training_sessions s
+                     WHERE s.user_id > pass.cursor ORDER BY 1 LIMIT 1),
+                    (SELECT st.user_id FROM user_stats_refresh_state st
+                     WHERE st.user_id > pass.cursor ORDER BY 1 LIMIT 1))
+           END AS user_id
+    FROM pass
+),
+enqueued AS (
+    SELECT next.id, next.user_id,
+           enqueue_user_exercise_stats_refresh_job(
+               next.user_id, 'analyst_rebuild', NULL, '{}', 'analyst rebuild',
+               'rebuild:' || next.id, bump_stats_requested_version(next.user_id)) AS job_id
+    FROM next
+    WHERE next.user_id IS NOT NULL
 )
-SELECT u.user_id,
-       enqueue_user_exercise_stats_refresh_job(
-           u.user_id, 'analyst_rebuild', NULL, '{}', 'analyst rebuild', 'rebuild',
-           bump_stats_requested_version(u.user_id)) AS job_id
-FROM users u
-WHERE u.user_id IS NOT NULL
-ORDER BY u.user_id;
+UPDATE stats_rebuild_passes p
+SET cursor = coalesce(e.user_id, p.cursor),
+    position = p.position + CASE WHEN e.user_id IS NULL THEN 0 ELSE 1 END,
+    requested = p.requested + CASE WHEN e.user_id IS NULL THEN 0 ELSE 1 END,
+    finished_at = CASE WHEN e.user_id IS NULL THEN now() END,
+    updated_at = now()
+FROM next
+LEFT JOIN enqueued e ON e.id = next.id
+WHERE p.id = next.id
+RETURNING e.user_id, e.job_id, p.requested, p.finished_at IS NOT NULL AS finished;
+
+-- name: rebuild_open_passes
+-- Rebuild passes not finished and not stepped for `idle_seconds` (a killed driver left
+-- them), oldest first.
+SELECT id, requested FROM stats_rebuild_passes
+WHERE finished_at IS NULL AND updated_at <= now() - make_interval(secs => %(idle_seconds)s)
+ORDER BY id;
 
 -- name: waiting_work
 -- The drain policy's one definition of work waiting, for the sensor and the drain
@@ -434,10 +484,11 @@ FROM stats_projection_worker_settings st
 WHERE st.id = 1;
 
 -- name: build_pr_snapshot
--- seed 001: the PR overview window of one generation: database date -1, 0 and +1. Per
--- exercise as of each date: all-time best Epley estimate (manual PR records included),
--- the best in the rolling 30 days ending on it, the same window a year earlier, and the
--- heaviest weight. Built once per generation; the reader never computes.
+-- The PR overview window of one generation: database date -1, 0 and +1. Per exercise
+-- as of each date: all-time best Epley estimate (manual PR records included), the best
+-- in the rolling 30 days ending on it, the same window a year earlier, and the heaviest
+-- weight. Built whole at publication and moved day by day by rollover_window; the reader
+-- never computes.
 WITH days AS (
     SELECT (stats_clock_date() + d)::date AS as_of FROM generate_series(-1, 1) AS d
 ),
@@ -503,14 +554,143 @@ SET due_at = EXCLUDED.due_at,
 -- name: set_lock_timeout
 SET LOCAL lock_timeout = '1s';
 
--- name: rollover_page
--- D10: every minute one page of due users (FOR UPDATE SKIP LOCKED on the due index).
-SELECT user_id, attempt_count
+-- name: rollover_next
+-- The next user whose three-day window is due, after the tick's last one in due order
+-- (a keyset: no walk over the users this tick already moved), locked for this
+-- transaction; users another rollover holds are skipped. One user per transaction. The
+-- transaction commits asynchronously: a window is derived data, and a roll a crash
+-- loses is due again.
+SELECT user_id, due_at, set_config('synchronous_commit', 'off', true) AS async_commit
 FROM user_pr_overview_rollover_state
 WHERE due_at <= now()
+  AND (due_at, user_id) > (coalesce(%(after_due)s::timestamptz, '-infinity'),
+                           coalesce(%(after_user)s::uuid, '00000000-0000-0000-0000-000000000000'))
 ORDER BY due_at, user_id
-LIMIT %(limit)s
+LIMIT 1
 FOR UPDATE SKIP LOCKED;
+
+-- name: rollover_lock_state
+-- The user's versions, locked without waiting. Publication and every write of the user
+-- lock this row, so while it is held here neither can commit a newer generation or new
+-- facts; a row held by one of them is skipped (no row) instead of waited for.
+SELECT requested_version, applied_version
+FROM user_stats_refresh_state
+WHERE user_id = %(user_id)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: rollover_window
+-- Move the applied generation's PR overview window to the database date -1, 0 and +1,
+-- in place. A missing date's row per exercise starts from the generation's latest
+-- earlier snapshot (all-time best and heaviest carry forward) and adds the facts after
+-- it; its 30-day window and the same window a year earlier come from their own date
+-- ranges. The work follows the days moved, not the length of the history; with no
+-- earlier snapshot every fact up to the date is read. Snapshots left behind the window
+-- go. The values equal build_pr_snapshot's for the same facts.
+WITH days AS (
+    SELECT (stats_clock_date() + d)::date AS as_of FROM generate_series(-1, 1) AS d
+),
+missing AS (
+    SELECT days.as_of FROM days
+    WHERE NOT EXISTS (
+        SELECT 1 FROM user_pr_overview_snapshot_headers h
+        WHERE h.user_id = %(user_id)s AND h.generation = %(generation)s
+          AND h.as_of_date = days.as_of)
+),
+bounds AS (
+    SELECT min(as_of) AS first_day, max(as_of) AS last_day,
+           (SELECT max(h.as_of_date) FROM user_pr_overview_snapshot_headers h
+            WHERE h.user_id = %(user_id)s AND h.generation = %(generation)s
+              AND h.as_of_date < min(missing.as_of)) AS base_day
+    FROM missing
+    HAVING count(*) > 0
+),
+base_rows AS (
+    SELECT s.exercise_id, s.best_e1rm_all_time, s.heaviest_kg
+    FROM bounds b
+    JOIN user_pr_exercise_summary_snapshots s
+      ON s.user_id = %(user_id)s AND s.generation = %(generation)s
+     AND s.as_of_date = b.base_day
+),
+ranges AS (
+    -- After the base (or all history without one) and the 30 days before the first
+    -- missing date, through the last; and the same 30-day windows a year earlier.
+    SELECT CASE WHEN b.base_day IS NULL THEN '-infinity'::date
+                ELSE least(b.base_day, b.first_day - 30) END AS after_day,
+           b.last_day AS through_day
+    FROM bounds b
+    UNION ALL
+    SELECT (b.first_day - interval '1 year')::date - 31, (b.last_day - interval '1 year')::date
+    FROM bounds b
+),
+facts AS (
+    SELECT ts.exercise_id, s.session_date AS day, ts.weight_kg,
+           estimated_one_rep_max(ts.weight_kg, ts.reps) AS e1rm
+    FROM ranges r
+    JOIN training_sessions s
+      ON s.user_id = %(user_id)s AND s.session_date > r.after_day
+     AND s.session_date <= r.through_day
+    JOIN training_sets ts ON ts.session_id = s.id
+    WHERE NOT ts.warmup
+    UNION ALL
+    SELECT m.exercise_id, m.recorded_on, m.weight_kg, estimated_one_rep_max(m.weight_kg, m.reps)
+    FROM ranges r
+    JOIN user_manual_pr_records m
+      ON m.user_id = %(user_id)s AND m.recorded_on > r.after_day
+     AND m.recorded_on <= r.through_day
+),
+fresh AS (
+    -- Per missing date and exercise (a fact read twice changes no maximum).
+    SELECT m.as_of, f.exercise_id,
+           max(f.e1rm) FILTER (WHERE b.base_day IS NULL OR f.day > b.base_day) AS e1rm_since,
+           max(f.weight_kg) FILTER (WHERE b.base_day IS NULL OR f.day > b.base_day)
+               AS heaviest_since,
+           bool_or(b.base_day IS NULL OR f.day > b.base_day) AS seen_since,
+           max(f.e1rm) FILTER (WHERE f.day > m.as_of - 30) AS best_30d,
+           max(f.e1rm) FILTER (
+               WHERE f.day > (m.as_of - interval '1 year')::date - 30
+                 AND f.day <= (m.as_of - interval '1 year')::date) AS best_prior_year
+    FROM missing m
+    CROSS JOIN bounds b
+    JOIN facts f ON f.day <= m.as_of
+    GROUP BY m.as_of, f.exercise_id
+),
+keys AS (
+    SELECT m.as_of, r.exercise_id FROM missing m CROSS JOIN base_rows r
+    UNION
+    SELECT as_of, exercise_id FROM fresh WHERE seen_since
+),
+summary AS (
+    SELECT k.as_of, k.exercise_id,
+           greatest(r.best_e1rm_all_time, n.e1rm_since) AS best_e1rm_all_time,
+           n.best_30d, n.best_prior_year,
+           greatest(r.heaviest_kg, n.heaviest_since) AS heaviest_kg
+    FROM keys k
+    LEFT JOIN base_rows r ON r.exercise_id = k.exercise_id
+    LEFT JOIN fresh n ON n.as_of = k.as_of AND n.exercise_id = k.exercise_id
+),
+headers AS (
+    INSERT INTO user_pr_overview_snapshot_headers
+        (user_id, generation, as_of_date, catalog_epoch, exercise_count)
+    SELECT %(user_id)s, %(generation)s, m.as_of,
+           (SELECT catalog_epoch FROM pr_overview_projection_control WHERE id = 1),
+           (SELECT count(*) FROM summary s WHERE s.as_of = m.as_of)
+    FROM missing m
+    RETURNING as_of_date
+),
+summaries AS (
+    INSERT INTO user_pr_exercise_summary_snapshots
+        (user_id, generation, as_of_date, exercise_id, best_e1rm_all_time, best_e1rm_30d,
+         best_e1rm_30d_prior_year, heaviest_kg)
+    SELECT %(user_id)s, %(generation)s, s.as_of, s.exercise_id, s.best_e1rm_all_time,
+           s.best_30d, s.best_prior_year, s.heaviest_kg
+    FROM summary s
+),
+behind AS (
+    DELETE FROM user_pr_overview_snapshot_headers h
+    WHERE h.user_id = %(user_id)s AND h.generation = %(generation)s
+      AND h.as_of_date < stats_clock_date() - 1
+)
+SELECT count(*) AS built FROM headers;
 
 -- name: request_generation
 -- A new generation for one user: the worker publishes it (never a patch of the applied
@@ -519,14 +699,16 @@ SELECT enqueue_user_exercise_stats_refresh_job(
     %(user_id)s, %(event_type)s, %(from_date)s, '{}', %(reason)s, %(source_ref)s,
     bump_stats_requested_version(%(user_id)s)) AS job_id;
 
--- name: rollover_requested
--- Requested: look again in an hour if the window has not been rebuilt by then.
+-- name: rollover_deferred
+-- A newer generation is on its way (requested ahead of applied): its publication builds
+-- a fresh window and schedules the next rollover; look again in five minutes meanwhile.
 UPDATE user_pr_overview_rollover_state
-SET due_at = now() + interval '1 hour', attempt_count = attempt_count + 1,
-    next_retry_at = now() + interval '1 hour', updated_at = now()
+SET due_at = now() + interval '5 minutes', next_retry_at = now() + interval '5 minutes',
+    updated_at = now()
 WHERE user_id = %(user_id)s;
 
 -- name: rollover_failed
+-- A failed rollover keeps its attempt count, error and next retry (1, 2, 4 ... 60 minutes).
 UPDATE user_pr_overview_rollover_state
 SET attempt_count = attempt_count + 1,
     last_error = %(error)s,
@@ -545,12 +727,15 @@ SELECT count(*) FILTER (WHERE due_at <= now()) AS due_backlog,
            AS last_error
 FROM user_pr_overview_rollover_state;
 
--- name: catalog_scopes
-SELECT scope, token, processed_token, pass_token, cursor
+-- name: catalog_next_personal
+-- One personal catalog scope with an unanswered token, locked for this transaction
+-- (scopes that failed in this tick are passed over until the next one).
+SELECT scope, token
 FROM catalog_invalidation_tokens
-WHERE token > processed_token OR pass_token IS NOT NULL
+WHERE scope <> 'global' AND token > processed_token
+  AND NOT (scope = ANY (%(skipped)s::text[]))
 ORDER BY scope
-LIMIT %(limit)s
+LIMIT 1
 FOR UPDATE SKIP LOCKED;
 
 -- name: personal_scope_done
@@ -558,12 +743,19 @@ UPDATE catalog_invalidation_tokens
 SET processed_token = %(token)s, updated_at = now()
 WHERE scope = %(scope)s;
 
+-- name: catalog_global_pass
+-- The global scope while a pass is owed or running, locked for one step of the pass.
+SELECT token, processed_token, pass_token, cursor
+FROM catalog_invalidation_tokens
+WHERE scope = 'global' AND (token > processed_token OR pass_token IS NOT NULL)
+FOR UPDATE SKIP LOCKED;
+
 -- name: users_after
--- A page of users with projections, by id (the global pass's keyset).
+-- The next user with a stats state after the cursor, by id (the global pass's keyset).
 SELECT user_id FROM user_stats_refresh_state
 WHERE %(cursor)s::uuid IS NULL OR user_id > %(cursor)s::uuid
 ORDER BY user_id
-LIMIT %(limit)s;
+LIMIT 1;
 
 -- name: global_pass_progress
 -- Move the global pass on; when it has seen every user, the token it answered is done.
@@ -575,29 +767,76 @@ SET pass_token = CASE WHEN %(done)s THEN NULL ELSE %(pass_token)s END,
     updated_at = now()
 WHERE scope = 'global';
 
+-- name: scan_page
+-- The scanner's next page of users by id after its cursor (users with sessions,
+-- projections or a stats state), with the cursor row locked so two scanners never walk
+-- the same page. No row: another scanner holds it.
+WITH position AS (
+    SELECT cursor FROM stats_scan_cursor WHERE id = 1 FOR UPDATE SKIP LOCKED
+)
+SELECT p.cursor,
+       coalesce((
+           SELECT array_agg(u.user_id ORDER BY u.user_id) FROM (
+               SELECT user_id FROM (
+                   (SELECT DISTINCT user_id FROM training_sessions
+                    WHERE p.cursor IS NULL OR user_id > p.cursor
+                    ORDER BY user_id LIMIT %(limit)s)
+                   UNION
+                   (SELECT user_id FROM user_stats_refresh_state
+                    WHERE p.cursor IS NULL OR user_id > p.cursor
+                    ORDER BY user_id LIMIT %(limit)s)
+                   UNION
+                   (SELECT DISTINCT user_id FROM user_exercise_stats
+                    WHERE p.cursor IS NULL OR user_id > p.cursor
+                    ORDER BY user_id LIMIT %(limit)s)
+               ) AS candidates
+               ORDER BY user_id
+               LIMIT %(limit)s
+           ) AS u), '{}') AS user_ids
+FROM position p;
+
+-- name: scan_advance
+-- The page is taken: the cursor moves past it (NULL after a short page: the next page
+-- starts a new lap).
+UPDATE stats_scan_cursor
+SET cursor = %(cursor)s::uuid,
+    laps = laps + CASE WHEN %(cursor)s::uuid IS NULL THEN 1 ELSE 0 END,
+    updated_at = now()
+WHERE id = 1;
+
 -- name: stale_users
--- The backfill scanner's signals: sessions without rollups, rollups without period
--- stats, rollups newer than period stats, and PR snapshot gaps (the applied generation
--- has no window for today). Users with open work are left to it.
+-- The backfill scanner's signals for one page of users: a range owed by a failed job,
+-- sessions without rollups, rollups without period stats, rollups newer than period
+-- stats, and PR snapshot gaps (the applied generation has no window for today). Users
+-- with open work are left to it (its claim takes in an owed range).
 SELECT user_id, min(signal) AS signal FROM (
-    SELECT DISTINCT s.user_id, 'sessions without rollups' AS signal
+    SELECT o.user_id, 'owed range' AS signal
+    FROM user_stats_owed_ranges o
+    WHERE o.user_id = ANY (%(user_ids)s::uuid[])
+    UNION ALL
+    SELECT DISTINCT s.user_id, 'sessions without rollups'
     FROM training_sessions s
-    WHERE EXISTS (SELECT 1 FROM training_sets ts WHERE ts.session_id = s.id)
+    WHERE s.user_id = ANY (%(user_ids)s::uuid[])
+      AND EXISTS (SELECT 1 FROM training_sets ts WHERE ts.session_id = s.id)
       AND NOT EXISTS (SELECT 1 FROM user_exercise_stats e WHERE e.user_id = s.user_id)
     UNION ALL
     SELECT DISTINCT e.user_id, 'rollups without period stats'
     FROM user_exercise_stats e
-    WHERE NOT EXISTS (SELECT 1 FROM user_training_period_stats p WHERE p.user_id = e.user_id)
+    WHERE e.user_id = ANY (%(user_ids)s::uuid[])
+      AND NOT EXISTS (SELECT 1 FROM user_training_period_stats p WHERE p.user_id = e.user_id)
     UNION ALL
     SELECT e.user_id, 'rollups newer than period stats'
-    FROM (SELECT user_id, max(generation) AS g FROM user_exercise_stats GROUP BY user_id) e
+    FROM (SELECT user_id, max(generation) AS g FROM user_exercise_stats
+          WHERE user_id = ANY (%(user_ids)s::uuid[]) GROUP BY user_id) e
     JOIN (SELECT user_id, max(generation) AS g FROM user_training_period_stats
-          GROUP BY user_id) p ON p.user_id = e.user_id
+          WHERE user_id = ANY (%(user_ids)s::uuid[]) GROUP BY user_id) p
+      ON p.user_id = e.user_id
     WHERE e.g > p.g
     UNION ALL
     SELECT st.user_id, 'PR snapshot gap'
     FROM user_stats_refresh_state st
-    WHERE st.applied_version > 0
+    WHERE st.user_id = ANY (%(user_ids)s::uuid[])
+      AND st.applied_version > 0
       AND NOT EXISTS (
           SELECT 1 FROM user_pr_overview_snapshot_headers h
           WHERE h.user_id = st.user_id AND h.generation = st.applied_version
@@ -608,34 +847,31 @@ WHERE NOT EXISTS (
     WHERE j.user_id = signals.user_id AND j.status IN ('pending', 'processing')
 )
 GROUP BY user_id
-ORDER BY user_id
-LIMIT %(limit)s;
+ORDER BY user_id;
 
 -- name: prune_jobs
--- Retention: finished jobs older than seven days (their runs and outputs go with them
--- by foreign key); pending and processing work and canonical data are never touched.
+-- Retention bounds the job history without losing what an operator inspects: completed
+-- jobs older than the retention that are not their user's latest job and had no failed
+-- attempt go (their runs and outputs with them, by foreign key). Failed jobs, jobs with
+-- a failed run, each user's latest job, open work and canonical data stay.
 WITH doomed AS (
-    SELECT id FROM user_exercise_stats_refresh_jobs
-    WHERE status IN ('completed', 'failed')
-      AND completed_at < now() - make_interval(days => %(days)s)
-    ORDER BY completed_at
+    SELECT j.id FROM user_exercise_stats_refresh_jobs j
+    WHERE j.status = 'completed'
+      AND j.completed_at < now() - make_interval(days => %(days)s)
+      AND EXISTS (
+          SELECT 1 FROM user_exercise_stats_refresh_jobs later
+          WHERE later.user_id = j.user_id AND later.id > j.id)
+      AND NOT EXISTS (
+          SELECT 1 FROM user_stats_projection_runs r
+          WHERE r.job_id = j.id AND r.phase = 'failed')
+    ORDER BY j.completed_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
 DELETE FROM user_exercise_stats_refresh_jobs j USING doomed WHERE j.id = doomed.id;
 
--- name: prune_runs
--- Finished attempts of jobs that are still open (their history ages out too).
-WITH doomed AS (
-    SELECT id FROM user_stats_projection_runs
-    WHERE finished_at < now() - make_interval(days => %(days)s)
-    ORDER BY finished_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-DELETE FROM user_stats_projection_runs r USING doomed WHERE r.id = doomed.id;
-
 -- name: prune_catalog_log
+-- The catalog change log is execution history: the tokens carry every request.
 WITH doomed AS (
     SELECT seq FROM exercise_catalog_changes
     WHERE changed_at < now() - make_interval(days => %(days)s)
@@ -643,9 +879,6 @@ WITH doomed AS (
     LIMIT %(limit)s
 )
 DELETE FROM exercise_catalog_changes c USING doomed WHERE c.seq = doomed.seq;
-
--- name: stats_today
-SELECT stats_clock_date() AS today;
 
 -- name: read_pr_overview
 SELECT exercise_id, best_e1rm_all_time, best_e1rm_30d, best_e1rm_30d_prior_year, heaviest_kg,

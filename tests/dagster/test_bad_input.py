@@ -12,6 +12,7 @@ import pytest
 from inventory_pipeline.db import Connection
 from inventory_pipeline.defs import profiles as profile_defs
 from inventory_pipeline.defs import stats as stats_defs
+from inventory_pipeline.defs import stats_maintenance as maintenance_defs
 from inventory_pipeline.defs.resources import InventoryDatabase
 from inventory_pipeline.profiles import service
 from inventory_pipeline.profiles.models import RefreshPolicy
@@ -43,7 +44,7 @@ def failure_message(result: dg.ExecuteInProcessResult) -> str:
             "max_claims must be positive",
         ),
         (
-            stats_defs.stats_rebuild,
+            maintenance_defs.stats_rebuild,
             {"ops": {"request_stats_rebuild": {"config": {"user_ids": [HOSTILE_KEY]}}}},
             "user_ids must be UUIDs",
         ),
@@ -52,8 +53,13 @@ def failure_message(result: dg.ExecuteInProcessResult) -> str:
             {"ops": {"drain_stats": {"config": {"max_rounds": 0}}}},
             "max_rounds must be at least 1",
         ),
+        (
+            maintenance_defs.stats_retention,
+            {"ops": {"prune_stats_history": {"config": {"run_batch": 0}}}},
+            "run_batch and days must be at least 1",
+        ),
     ],
-    ids=["refresh-claims", "rebuild-users", "drain-rounds"],
+    ids=["refresh-claims", "rebuild-users", "drain-rounds", "retention-batch"],
 )
 def test_bad_run_config_fails_in_one_line_and_changes_nothing(
     conn: Connection,

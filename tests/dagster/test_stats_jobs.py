@@ -11,6 +11,7 @@ import pytest
 
 from inventory_pipeline.db import Connection
 from inventory_pipeline.defs import stats as stats_defs
+from inventory_pipeline.defs import stats_maintenance as maintenance_defs
 from inventory_pipeline.defs.resources import InventoryDatabase
 from tests import stats_factories as sf
 
@@ -49,7 +50,7 @@ def test_sensor_drain_and_rebuild(
     assert all(sf.versions(conn, u) == (1, 1) for u in users)
     assert isinstance(stats_defs.stats_refresh_sensor(context), dg.SkipReason)
 
-    rebuild = stats_defs.stats_rebuild.execute_in_process(
+    rebuild = maintenance_defs.stats_rebuild.execute_in_process(
         instance=instance,
         resources={"inventory_db": db},
         run_config={"ops": {"request_stats_rebuild": {"config": {"user_ids": [str(users[0])]}}}},
@@ -61,7 +62,7 @@ def test_sensor_drain_and_rebuild(
         None,
         [],
     )
-    bad = stats_defs.stats_rebuild.execute_in_process(
+    bad = maintenance_defs.stats_rebuild.execute_in_process(
         instance=instance,
         resources={"inventory_db": db},
         run_config={
@@ -70,35 +71,10 @@ def test_sensor_drain_and_rebuild(
         raise_on_error=False,
     )
     assert not bad.success
-    everyone = stats_defs.stats_rebuild.execute_in_process(
+    everyone = maintenance_defs.stats_rebuild.execute_in_process(
         instance=instance, resources={"inventory_db": db}
     )
     assert everyone.output_for_node("request_stats_rebuild") == 3
-
-
-def test_maintenance_jobs_report_counts(
-    conn: Connection, db_url: str, instance: dg.DagsterInstance
-) -> None:
-    db = InventoryDatabase(url=db_url)
-    sf.exercise(conn, "squat")
-    user = uuid.uuid4()
-    sf.save(conn, user, date(2026, 3, 10), sf.sets(("squat", 100, 5)))
-    stats_defs.stats_drain.execute_in_process(instance=instance, resources={"inventory_db": db})
-    conn.execute("UPDATE user_pr_overview_rollover_state SET due_at = now()")
-    for job, expected in (
-        (stats_defs.stats_rollover, "rollover_requested"),
-        (stats_defs.stats_backfill_scan, "users"),
-        (stats_defs.stats_retention, "jobs"),
-    ):
-        result = job.execute_in_process(instance=instance, resources={"inventory_db": db})
-        assert result.success
-        [output] = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"]
-        assert expected in output.event_specific_data.metadata  # type: ignore[union-attr]
-    assert {s.name for s in stats_defs.stats_schedules} == {
-        "stats_rollover_schedule",
-        "stats_backfill_scan_schedule",
-        "stats_retention_schedule",
-    }
 
 
 def test_worker_control_job(conn: Connection, db_url: str, instance: dg.DagsterInstance) -> None:

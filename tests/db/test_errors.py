@@ -67,3 +67,16 @@ def test_a_terminated_session_is_unavailable(conn: Connection, db_url: str) -> N
         execute(other, "SELECT pg_terminate_backend(%s)", (row["pid"],))
     with pytest.raises(DatabaseUnavailable):
         execute(conn, "SELECT 1")
+
+
+def test_an_exhausted_lock_table_is_the_statement_s_error(conn: Connection) -> None:
+    """53200 (out of shared memory: the lock table is full) fails the statement that
+    needed one lock too many; the session and the database are fine."""
+    with pytest.raises(DatabaseError) as raised:
+        execute(
+            conn,
+            "DO $$ BEGIN RAISE EXCEPTION 'out of shared memory' USING ERRCODE = '53200'; END $$",
+        )
+    assert not isinstance(raised.value, DatabaseUnavailable)
+    assert raised.value.sqlstate == "53200"
+    assert fetch_one(conn, "SELECT 1 AS alive") == {"alive": 1}

@@ -1,4 +1,4 @@
-"""seed 001 PR overview window, rollover, catalog invalidation, manual PRs, scanner and
+"""The PR overview window, rollover, catalog invalidation, manual PRs, scanner and
 retention on real PostgreSQL. The database date is set per session (the test clock)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from inventory_pipeline.db import Connection, DatabaseError, connect, execute, fetch_all, fetch_one
 from inventory_pipeline.db.connection import is_error
-from inventory_pipeline.stats import maintenance, processors
+from inventory_pipeline.stats import maintenance, processors, service
 from tests import stats_factories as sf
 
 TODAY = date(2026, 3, 10)
@@ -65,24 +65,29 @@ def test_pr_values_and_the_three_day_window(conn: Connection, user: uuid.UUID) -
     assert fails_closed(conn, uuid.uuid4(), TODAY)
 
 
-def test_window_moves_across_midnight_through_a_new_generation(
+def test_window_moves_across_midnight_in_the_applied_generation(
     conn: Connection, user: uuid.UUID
 ) -> None:
     sf.save(conn, user, TODAY, sf.sets(("squat", 100, 5)))
     processors.drain(conn, "test")
-    applied = sf.versions(conn, user)[1]
-    state = fetch_one(conn, "SELECT due_at FROM user_pr_overview_rollover_state")
-    assert state is not None
+    applied = sf.versions(conn, user)
     set_clock(conn, TODAY + timedelta(days=1))  # midnight passes
     execute(conn, "UPDATE user_pr_overview_rollover_state SET due_at = now()")  # and it is due
-    assert maintenance.rollover(conn) == maintenance.RolloverResult(requested=1, failed=0)
-    assert read(conn, user, TODAY + timedelta(days=1))  # the old window still serves meanwhile
-    processors.drain(conn, "test")
-    assert sf.versions(conn, user)[1] == applied + 1  # a new generation, not a patch
+    result = maintenance.rollover(conn)
+    # No full-history generation is requested for a window that only moved.
+    assert sf.versions(conn, user) == applied
+    assert not [j for j in sf.jobs(conn, user) if j["status"] == "pending"]
+    assert result == maintenance.RolloverResult(rolled=1, failed=0)
     assert read(conn, user, TODAY + timedelta(days=2))
     assert fails_closed(conn, user, TODAY - timedelta(days=1))
-    headers = fetch_all(conn, "SELECT DISTINCT generation FROM user_pr_overview_snapshot_headers")
-    assert [h["generation"] for h in headers] == [applied + 1]
+    headers = fetch_all(
+        conn, "SELECT generation, as_of_date FROM user_pr_overview_snapshot_headers ORDER BY 2"
+    )
+    assert [(h["generation"], h["as_of_date"]) for h in headers] == [
+        (applied[1], TODAY + timedelta(days=d)) for d in (0, 1, 2)
+    ]
+    state = fetch_one(conn, "SELECT due_at, window_end FROM user_pr_overview_rollover_state")
+    assert state is not None and state["window_end"] == TODAY + timedelta(days=2)
 
 
 def test_rollover_failing_two_days_running_fails_closed_then_recovers(
@@ -97,14 +102,13 @@ def test_rollover_failing_two_days_running_fails_closed_then_recovers(
         for day in (1, 2):
             set_clock(conn, TODAY + timedelta(days=day))
             execute(conn, "UPDATE user_pr_overview_rollover_state SET due_at = now()")
-            assert maintenance.rollover(conn) == maintenance.RolloverResult(requested=0, failed=1)
+            assert maintenance.rollover(conn) == maintenance.RolloverResult(rolled=0, failed=1)
         overview = maintenance.rollover_overview(conn)
     assert overview["max_attempts"] == 2 and overview["failing_users"] == 1
     assert "lock" in overview["last_error"]
     assert fails_closed(conn, user, TODAY + timedelta(days=2))  # the window ran out
     execute(conn, "UPDATE user_pr_overview_rollover_state SET due_at = now()")
-    assert maintenance.rollover(conn).requested == 1
-    processors.drain(conn, "test")
+    assert maintenance.rollover(conn).rolled == 1
     assert read(conn, user, TODAY + timedelta(days=2))
     state = fetch_one(
         conn,
@@ -199,55 +203,146 @@ def test_backfill_scanner(conn: Connection, user: uuid.UUID) -> None:
         (user,),
     )
     processors.drain(conn, "test")
-    assert maintenance.scan(conn) == [(user, "sessions without rollups")]
+    assert maintenance.scan(conn).stale == ((user, "sessions without rollups"),)
     [job] = [j for j in sf.jobs(conn, user) if j["status"] == "pending"]
     assert (job["event_type"], job["from_date"], job["exercise_ids"]) == (
         "scheduled_stats_backfill",
         None,
         [],
     )
-    assert maintenance.scan(conn) == []  # open work is left to the worker
+    assert maintenance.scan(conn).stale == ()  # open work is left to the worker
     processors.drain(conn, "test")
     execute(conn, "DELETE FROM user_pr_overview_snapshot_headers WHERE user_id = %s", (other,))
     execute(conn, "DELETE FROM user_training_period_stats WHERE user_id = %s", (user,))
-    assert sorted(maintenance.scan(conn)) == sorted(
+    assert sorted(maintenance.scan(conn).stale) == sorted(
         [(user, "rollups without period stats"), (other, "PR snapshot gap")]
     )
 
 
-def test_retention_boundaries(conn: Connection, user: uuid.UUID) -> None:
-    for _ in range(5):
-        sf.save(conn, uuid.uuid4(), TODAY, sf.sets(("squat", 100, 5)))
+def backdate_jobs(conn: Connection, job_ids: list[int], age: str) -> None:
+    execute(
+        conn,
+        "UPDATE user_exercise_stats_refresh_jobs SET completed_at = now() - %s::interval,"
+        " created_at = now() - interval '30 days' WHERE id = ANY(%s)",
+        (age, job_ids),
+    )
+
+
+def job_ids(conn: Connection, user: uuid.UUID) -> list[int]:
+    return [j["id"] for j in sf.jobs(conn, user)]
+
+
+def test_retention_keeps_failed_jobs_and_the_latest_per_user(
+    conn: Connection, user: uuid.UUID
+) -> None:
+    """Completed jobs age out in bounded batches; a failed job, a job with a failed
+    attempt, each user's latest job and open work stay for inspection."""
+    for day in range(4):  # four completed jobs
+        sf.save(conn, user, TODAY - timedelta(days=day), sf.sets(("squat", 100, 5)))
         processors.drain(conn, "test")
-    sf.save(conn, user, TODAY, sf.sets(("squat", 100, 5)))  # stays pending
-    execute(
-        conn, "UPDATE user_exercise_stats_refresh_jobs SET created_at = now() - interval '30 days'"
-    )
-    ids = [
-        r["id"]
-        for r in fetch_all(
-            conn,
-            "SELECT id FROM user_exercise_stats_refresh_jobs"
-            " WHERE status = 'completed' ORDER BY id",
-        )
-    ]
+    done = job_ids(conn, user)
+    backdate_jobs(conn, done[:2] + done[3:], "8 days")
+    backdate_jobs(conn, done[2:3], "6 days 23 hours")  # too young
+    failing = uuid.uuid4()  # a failed job, then a completed one
+    sf.save(conn, failing, TODAY, sf.sets(("squat", 100, 5)))
     execute(
         conn,
-        "UPDATE user_exercise_stats_refresh_jobs SET completed_at = now() - interval"
-        " '8 days' WHERE id = ANY(%s)",
-        (ids[:3],),
+        "UPDATE user_exercise_stats_refresh_jobs SET status = 'failed',"
+        " error_message = 'attempts exhausted' WHERE user_id = %s",
+        (failing,),
     )
-    execute(
+    sf.save(conn, failing, TODAY, sf.sets(("squat", 110, 5)))
+    processors.drain(conn, "test")
+    backdate_jobs(conn, job_ids(conn, failing), "8 days")
+    retried = uuid.uuid4()  # a job whose first attempt died with its worker
+    sf.save(conn, retried, TODAY, sf.sets(("squat", 100, 5)))
+    claimed = service.claim(conn, "test")
+    assert claimed is not None
+    sf.expire_run(conn, claimed.run_id, claimed.lease_token)
+    processors.drain(conn, "test")
+    sf.save(conn, retried, TODAY, sf.sets(("squat", 120, 5)))
+    processors.drain(conn, "test")
+    backdate_jobs(conn, job_ids(conn, retried), "8 days")
+    waiting = uuid.uuid4()
+    sf.save(conn, waiting, TODAY, sf.sets(("squat", 100, 5)))  # stays pending
+    before = {u: job_ids(conn, u) for u in (user, failing, retried, waiting)}
+
+    assert [maintenance.prune(conn, batch=1)["jobs"] for _ in range(3)] == [1, 1, 0]
+    after = {u: job_ids(conn, u) for u in (user, failing, retried, waiting)}
+    assert after == {**before, user: done[2:]}
+    statuses = fetch_all(
         conn,
-        "UPDATE user_exercise_stats_refresh_jobs SET completed_at = now() - interval"
-        " '6 days 23 hours' WHERE id = ANY(%s)",
-        (ids[3:],),
+        "SELECT j.status, r.phase FROM user_exercise_stats_refresh_jobs j"
+        " JOIN user_stats_projection_runs r ON r.job_id = j.id WHERE j.user_id = %s",
+        (retried,),
     )
-    assert maintenance.prune(conn, batch=2)["jobs"] == 2  # bounded batches
-    assert maintenance.prune(conn, batch=2)["jobs"] == 1
-    assert maintenance.prune(conn, batch=2)["jobs"] == 0
-    left = fetch_all(conn, "SELECT status FROM user_exercise_stats_refresh_jobs ORDER BY id")
-    assert [r["status"] for r in left] == ["completed", "completed", "pending"]
-    assert fetch_one(conn, "SELECT count(*) AS n FROM training_sessions")["n"] == 6  # type: ignore[index]
-    runs = fetch_one(conn, "SELECT count(*) AS n FROM user_stats_projection_runs")
-    assert runs is not None and runs["n"] == 2  # the pruned jobs' runs went with them
+    assert ("completed", "failed") in {(r["status"], r["phase"]) for r in statuses}
+    sessions = fetch_one(conn, "SELECT count(*) AS n FROM training_sessions")
+    assert sessions is not None and sessions["n"] == 9
+
+
+def window(conn: Connection, user: uuid.UUID) -> dict[date, dict[str, tuple[object, ...]]]:
+    """The three dates around the database date, as the reader serves them."""
+    today = fetch_one(conn, "SELECT stats_clock_date() AS d")
+    assert today is not None
+    out: dict[date, dict[str, tuple[object, ...]]] = {}
+    for offset in (-1, 0, 1):
+        day = today["d"] + timedelta(days=offset)
+        out[day] = {e: tuple(r.values()) for e, r in read(conn, user, day).items()}
+    return out
+
+
+def test_rolled_window_equals_a_full_rebuild(conn: Connection, user: uuid.UUID) -> None:
+    """Rolled forward by a day, by days, and past a year: the moved window holds exactly
+    what a new generation built from every fact holds (best of all time carried forward,
+    30-day windows and the year-earlier windows from their own dates, manual PRs)."""
+    sf.exercise(conn, "deadlift")
+    for back, spec in (
+        (400, ("squat", 90, 3)),
+        (370, ("bench", 70, 12)),
+        (366, ("squat", 95, 2)),
+        (335, ("deadlift", 150, 1)),
+        (40, ("squat", 140, 1)),
+        (29, ("bench", 80, 5)),
+        (30, ("squat", 120, 3)),
+        (1, ("deadlift", 160, 15)),  # no estimate above twelve reps
+        (-1, ("bench", 85, 4)),
+        (-2, ("squat", 130, 2)),
+        (-5, ("bench", 90, 1)),
+        (-33, ("squat", 150, 1)),
+    ):
+        sf.save(conn, user, TODAY - timedelta(days=back), sf.sets(spec))
+    execute(conn, "SELECT save_manual_pr(%s, 'deadlift', 170, 1, %s)", (user, TODAY + timedelta(3)))
+    processors.drain(conn, "test")
+    generation = sf.versions(conn, user)[1]
+    for jump in (1, 3, 30, 400):
+        set_clock(conn, fetch_one(conn, "SELECT stats_clock_date() AS d")["d"] + timedelta(jump))  # type: ignore[index]
+        execute(conn, "UPDATE user_pr_overview_rollover_state SET due_at = now()")
+        assert maintenance.rollover(conn).rolled == 1
+        assert sf.versions(conn, user)[1] == generation  # moved in place
+        rolled = window(conn, user)
+        processors.request_rebuild(conn, [user])
+        processors.drain(conn, "test")
+        generation = sf.versions(conn, user)[1]
+        assert window(conn, user) == rolled, f"after a jump of {jump} days"
+
+
+def test_rollover_waits_for_a_pending_generation(conn: Connection, user: uuid.UUID) -> None:
+    sf.save(conn, user, TODAY, sf.sets(("squat", 100, 5)))
+    processors.drain(conn, "test")
+    sf.save(conn, user, TODAY + timedelta(days=1), sf.sets(("squat", 200, 1)))  # pending
+    set_clock(conn, TODAY + timedelta(days=1))
+    execute(conn, "UPDATE user_pr_overview_rollover_state SET due_at = now()")
+    assert maintenance.rollover(conn) == maintenance.RolloverResult(rolled=0, failed=0, deferred=1)
+    # Nothing was built for the older generation from facts it does not hold.
+    assert fails_closed(conn, user, TODAY + timedelta(days=2))
+    processors.drain(conn, "test")
+    assert read(conn, user, TODAY + timedelta(days=2))["squat"]["heaviest_kg"] == Decimal("200.00")
+    state = fetch_one(
+        conn, "SELECT window_end, snapshot_generation FROM user_pr_overview_rollover_state"
+    )
+    assert state is not None
+    assert (state["window_end"], state["snapshot_generation"]) == (
+        TODAY + timedelta(days=2),
+        sf.versions(conn, user)[1],
+    )

@@ -9,7 +9,7 @@ from datetime import date, timedelta
 import pytest
 
 from inventory_pipeline.db import Connection, connect, execute, fetch_all, fetch_one
-from inventory_pipeline.stats import processors, service
+from inventory_pipeline.stats import maintenance, processors, service
 from inventory_pipeline.stats.models import StatsClaim
 from tests import stats_factories as sf
 
@@ -151,3 +151,21 @@ def test_a_claim_that_exhausts_owes_its_range(conn: Connection, user: uuid.UUID)
     assert service.claim(conn, "test") is None
     assert sf.jobs(conn, user)[0]["status"] == "failed"
     assert [r["exercise_ids"] for r in owed(conn)] == [["squat"]]
+
+
+def test_scanner_requests_an_owed_range(conn: Connection, db_url: str, user: uuid.UUID) -> None:
+    """With no later write for the user, the backfill scanner finds the owed range and
+    requests a generation whose claim takes it in."""
+    execute(conn, "SELECT set_config('inventory.stats_today', %s, false)", (D2.isoformat(),))
+    sf.save(conn, user, D1 - timedelta(days=1), sf.sets(("bench", 80, 5)))
+    processors.drain(conn, "test")
+    sf.save(conn, user, D1, sf.sets(("squat", 100, 5)))
+    assert exhaust_squeezed(conn, db_url, claim(conn))[-1] == "failed"
+    assert len(owed(conn)) == 1
+    found = maintenance.scan(conn)
+    assert found.stale == ((user, "owed range"),)
+    processors.drain(conn, "test")
+    requested, applied = sf.versions(conn, user)
+    assert requested == applied
+    assert set(sf.exercise_stats(conn, user)) == {"squat", "bench"}
+    assert owed(conn) == []

@@ -1,0 +1,191 @@
+"""Dagster surface of stats maintenance: the operator's rebuild, the PR overview
+rollover with catalog invalidation, the backfill scanner, and retention of both the
+stats history and Dagster's own run history of the high-frequency stats jobs.
+
+Every op calls one service function; the services take one user per transaction.
+"""
+
+# No `from __future__ import annotations`: Dagster reads these signatures at definition
+# time and compares the context annotation to real classes.
+
+import datetime
+import uuid
+
+import dagster as dg
+
+from inventory_pipeline.defs.resources import InventoryDatabase
+from inventory_pipeline.stats import maintenance, rebuild
+
+QUEUE_TAG = "inventory_pipeline/queue"
+MAINTENANCE_QUEUE = "stats_maintenance"
+
+# Jobs launched every few seconds or minutes: their Dagster run records are execution
+# history, purged after RUN_HISTORY_DAYS. Other jobs' runs are never touched.
+HIGH_FREQUENCY_JOBS = ("stats_drain", "stats_rollover", "stats_backfill_scan", "stats_retention")
+RUN_HISTORY_DAYS = 7
+RUN_PURGE_BATCH = 5000
+FINISHED = [
+    dg.DagsterRunStatus.SUCCESS,
+    dg.DagsterRunStatus.FAILURE,
+    dg.DagsterRunStatus.CANCELED,
+]
+
+
+@dg.op(config_schema={"user_ids": dg.Field([str], default_value=[])})
+def request_stats_rebuild(
+    context: dg.OpExecutionContext, inventory_db: InventoryDatabase
+) -> dg.Output[int]:
+    """Enqueue full-history ranges for chosen users (none chosen: every user), one user
+    per transaction; a rebuild a killed run left unfinished is finished first."""
+    raw = list(context.op_config["user_ids"])
+    try:
+        users = [uuid.UUID(value) for value in raw]
+    except ValueError:
+        raise dg.Failure("user_ids must be UUIDs") from None
+    with inventory_db.connection() as conn:
+        progress = rebuild.request_rebuild(conn, users or None)
+    return dg.Output(
+        progress.requested,
+        metadata={"users": progress.requested, "pass": progress.pass_id},
+    )
+
+
+@dg.job(
+    executor_def=dg.in_process_executor,
+    description="Rebuild stats for chosen users (or all) through the queue.",
+)
+def stats_rebuild() -> None:
+    request_stats_rebuild()
+
+
+@dg.op(tags={QUEUE_TAG: MAINTENANCE_QUEUE})
+def roll_pr_overview(inventory_db: InventoryDatabase) -> dg.Output[int]:
+    """Answer catalog tokens, move the PR overview window of due users, and resume
+    rebuilds whose run was killed."""
+    with inventory_db.connection() as conn:
+        catalog = maintenance.process_catalog(conn)
+        rolled = maintenance.rollover(conn)
+        resumed = rebuild.resume_rebuilds(conn)
+        overview = maintenance.rollover_overview(conn)
+    metadata: dict[str, dg.RawMetadataValue] = {
+        "catalog_requests": catalog,
+        "rollover_rolled": rolled.rolled,
+        "rollover_deferred": rolled.deferred,
+        "rollover_failed": rolled.failed,
+        "rebuild_resumed_users": sum(p.enqueued_now for p in resumed),
+        "due_backlog": int(overview.get("due_backlog") or 0),
+        "failing_users": int(overview.get("failing_users") or 0),
+        "oldest_success": str(overview.get("oldest_success") or "-"),
+    }
+    return dg.Output(rolled.rolled + catalog, metadata=metadata)
+
+
+@dg.job(executor_def=dg.in_process_executor, tags={QUEUE_TAG: MAINTENANCE_QUEUE})
+def stats_rollover() -> None:
+    roll_pr_overview()
+
+
+@dg.op
+def scan_stale_stats(inventory_db: InventoryDatabase) -> dg.Output[int]:
+    """One page of the backfill scanner."""
+    with inventory_db.connection() as conn:
+        page = maintenance.scan(conn)
+    signals: dict[str, int] = {}
+    for _, signal in page.stale:
+        signals[signal] = signals.get(signal, 0) + 1
+    return dg.Output(
+        len(page.stale),
+        metadata={
+            "users": len(page.stale),
+            "failed": len(page.failed),
+            "lap_done": page.lap_done,
+            "signals": dg.MetadataValue.json(signals),
+        },
+    )
+
+
+@dg.job(executor_def=dg.in_process_executor)
+def stats_backfill_scan() -> None:
+    scan_stale_stats()
+
+
+def purge_run_history(
+    instance: dg.DagsterInstance,
+    job_names: tuple[str, ...],
+    older_than: datetime.datetime,
+    batch: int,
+) -> dict[str, int]:
+    """Delete at most `batch` finished runs (success, failure, canceled) of these jobs
+    last updated before `older_than`, oldest first. Runs in progress or queued, and
+    other jobs' runs, are never touched."""
+    deleted: dict[str, int] = {}
+    budget = batch
+    for name in job_names:
+        if budget <= 0:
+            break
+        records = instance.get_run_records(
+            filters=dg.RunsFilter(job_name=name, statuses=FINISHED, updated_before=older_than),
+            limit=budget,
+            ascending=True,
+        )
+        for record in records:
+            instance.delete_run(record.dagster_run.run_id)
+        deleted[name] = len(records)
+        budget -= len(records)
+    return deleted
+
+
+@dg.op(
+    config_schema={
+        "run_batch": dg.Field(int, default_value=RUN_PURGE_BATCH),
+        "days": dg.Field(int, default_value=RUN_HISTORY_DAYS),
+    }
+)
+def prune_stats_history(
+    context: dg.OpExecutionContext, inventory_db: InventoryDatabase
+) -> dg.Output[int]:
+    """Bounded retention of the stats job history (failed jobs and the latest job per
+    user stay), then of the high-frequency stats jobs' Dagster runs."""
+    batch = int(context.op_config["run_batch"])
+    days = int(context.op_config["days"])
+    if batch < 1 or days < 1:
+        raise dg.Failure(f"run_batch and days must be at least 1, got {batch} and {days}")
+    with inventory_db.connection() as conn:
+        deleted = maintenance.prune(conn, days=days)
+    cutoff = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=days)
+    runs = purge_run_history(context.instance, HIGH_FREQUENCY_JOBS, cutoff, batch)
+    metadata: dict[str, dg.RawMetadataValue] = {
+        **deleted,
+        "dagster_runs": sum(runs.values()),
+        "dagster_runs_by_job": dg.MetadataValue.json(runs),
+    }
+    return dg.Output(sum(deleted.values()) + sum(runs.values()), metadata=metadata)
+
+
+@dg.job(executor_def=dg.in_process_executor)
+def stats_retention() -> None:
+    prune_stats_history()
+
+
+maintenance_jobs = [stats_rebuild, stats_rollover, stats_backfill_scan, stats_retention]
+
+maintenance_schedules = [
+    dg.ScheduleDefinition(
+        job=stats_rollover,
+        cron_schedule="* * * * *",
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+        description="Every minute: catalog invalidation, due PR windows, killed rebuilds.",
+    ),
+    dg.ScheduleDefinition(
+        job=stats_backfill_scan,
+        cron_schedule="* * * * *",
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+        description="Every minute: one page of the backfill scanner.",
+    ),
+    dg.ScheduleDefinition(
+        job=stats_retention,
+        cron_schedule="7-59/10 * * * *",
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+        description="Every ten minutes: bounded stats history and Dagster run retention.",
+    ),
+]

@@ -1,0 +1,99 @@
+"""The PR overview rollover: at midnight only the three-day window moves.
+
+Each due user, in a transaction of its own, gets the applied generation's window moved
+to the database date -1, 0 and +1: the new dates are built from the generation's latest
+earlier snapshot and the facts after it, so a day's cost follows the days moved, not the
+length of the history. The reader's fence holds: the window belongs to the applied
+generation (read and written while the user's state row is held, so no publication or
+write can interleave), is built in one transaction, and is never built for a generation
+older than the applied one. A user whose newer generation is pending waits for it (its
+publication builds a fresh window); a user whose state row is busy fails the attempt and
+retries with backoff, as the operator's overview shows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from inventory_pipeline.db import Connection, DatabaseError, savepoint, transaction
+from inventory_pipeline.stats import maintenance_repository as repo
+
+ROLLOVER_PAGE = 500
+ROLLOVER_PAGE_MAX = 1000
+STATE_BUSY = "stats state locked by a save or publication in progress"
+
+
+@dataclass(frozen=True)
+class RolloverResult:
+    """One rollover tick: windows moved, users waiting for a pending generation, and
+    failed attempts."""
+
+    rolled: int
+    failed: int
+    deferred: int = 0
+
+    @property
+    def requested(self) -> int:
+        """Windows moved (the name callers of the former generation request used)."""
+        return self.rolled
+
+
+@dataclass(frozen=True)
+class RolledUser:
+    """One user's rollover: its place in due order and what happened."""
+
+    position: tuple[datetime, UUID]
+    outcome: Literal["rolled", "deferred", "failed"]
+
+
+def _error_line(exc: DatabaseError) -> str:
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return first[:200]
+
+
+def roll_one(conn: Connection, after: tuple[datetime, UUID] | None) -> RolledUser | None:
+    """Roll the next due user after `after` (in due order) in one transaction; None
+    when nobody is due."""
+    with transaction(conn):
+        repo.set_lock_timeout(conn)
+        due = repo.rollover_next(conn, after)
+        if due is None:
+            return None
+        user_id = due[1]
+        versions = repo.rollover_lock_state(conn, user_id)
+        if versions is None:
+            repo.rollover_failed(conn, user_id, STATE_BUSY)
+            return RolledUser(due, "failed")
+        if versions.requested_version != versions.applied_version:
+            repo.rollover_deferred(conn, user_id)
+            return RolledUser(due, "deferred")
+        try:
+            with savepoint(conn):
+                repo.rollover_window(conn, user_id, versions.applied_version)
+                repo.schedule_rollover(conn, user_id, versions.applied_version)
+        except DatabaseError as exc:
+            repo.rollover_failed(conn, user_id, _error_line(exc))
+            return RolledUser(due, "failed")
+        return RolledUser(due, "rolled")
+
+
+def rollover(conn: Connection, limit: int = ROLLOVER_PAGE) -> RolloverResult:
+    """Up to `limit` due users, one per transaction, in due order."""
+    limit = max(1, min(limit, ROLLOVER_PAGE_MAX))
+    counts = {"rolled": 0, "deferred": 0, "failed": 0}
+    after: tuple[datetime, UUID] | None = None
+    for _ in range(limit):
+        done = roll_one(conn, after)
+        if done is None:
+            break
+        counts[done.outcome] += 1
+        after = done.position
+    return RolloverResult(counts["rolled"], counts["failed"], counts["deferred"])
+
+
+def rollover_overview(conn: Connection) -> dict[str, Any]:
+    """Due backlog, attempts, oldest success and the latest error."""
+    return repo.rollover_overview(conn)
