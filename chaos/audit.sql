@@ -135,6 +135,16 @@ END $$;
 CREATE TRIGGER chaos_acknowledged_audit AFTER UPDATE ON library_inventory_state
     FOR EACH ROW EXECUTE FUNCTION chaos_acknowledged_audit();
 
+-- Every change of a user's applied generation, with the transaction that made it: a
+-- publication is joined to its own change (what applied was before it, and after).
+CREATE TABLE chaos_applied_changes (
+    seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
+    user_id uuid NOT NULL,
+    old_applied bigint NOT NULL,
+    new_applied bigint NOT NULL,
+    txid bigint NOT NULL DEFAULT txid_current(),
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
 CREATE FUNCTION chaos_applied_audit() RETURNS trigger LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
@@ -142,6 +152,10 @@ BEGIN
         INSERT INTO chaos_regressions (what, detail) VALUES ('stats version went back',
             format('user %s: requested %s -> %s, applied %s -> %s', NEW.user_id,
                    OLD.requested_version, NEW.requested_version, OLD.applied_version, NEW.applied_version));
+    END IF;
+    IF NEW.applied_version IS DISTINCT FROM OLD.applied_version THEN
+        INSERT INTO chaos_applied_changes (user_id, old_applied, new_applied)
+        VALUES (NEW.user_id, OLD.applied_version, NEW.applied_version);
     END IF;
     RETURN NULL;
 END $$;
@@ -151,14 +165,28 @@ CREATE TRIGGER chaos_applied_audit AFTER UPDATE ON user_stats_refresh_state
 -- Stats publications: the publishing transaction must have begun while the run's lease
 -- was live, by its holder. (A publication locks its run and checks the lease as it
 -- begins; one that outlasts the rest of its lease is safe because it re-checks the
--- published base under the user's lock, so its end may fall after the lease.)
+-- published base under the user's lock, so its end may fall after the lease.) Each
+-- records the generation it published (target), the base it was computed on, the
+-- applied generation after it, and who published it: the worker's process id (from
+-- the session name) and the server process, since two processes can resume one token.
+-- product_token is the token the product's publish stage declared for its fence; a
+-- drain loop declares nothing to the harness, so its publication is judged by that.
 CREATE TABLE chaos_stats_publications (
     seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
     run_id bigint NOT NULL,
     user_id uuid NOT NULL,
     lease_token uuid NOT NULL,
     completing_token text NOT NULL DEFAULT chaos_declared_token(),
+    product_token text NOT NULL
+        DEFAULT coalesce(current_setting('inventory.stats_lease_token', true), ''),
     lease_until timestamptz NOT NULL,
+    target_version bigint NOT NULL,
+    base_version bigint NOT NULL,
+    applied_version bigint,
+    mode text,  -- the manifest's compute mode: single or batched
+    worker_pid integer DEFAULT substring(current_setting('application_name') FROM '[.]([0-9]+)$')::integer,
+    backend_pid integer NOT NULL DEFAULT pg_backend_pid(),
+    txid bigint NOT NULL DEFAULT txid_current(),
     began_at timestamptz NOT NULL DEFAULT now(),
     published_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     actor text NOT NULL DEFAULT current_setting('application_name')
@@ -167,13 +195,111 @@ CREATE FUNCTION chaos_publication_audit() RETURNS trigger LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     IF NEW.phase = 'published' AND OLD.phase IS DISTINCT FROM 'published' THEN
-        INSERT INTO chaos_stats_publications (run_id, user_id, lease_token, lease_until)
-        VALUES (NEW.id, NEW.user_id, OLD.lease_token, OLD.lease_until);
+        INSERT INTO chaos_stats_publications (run_id, user_id, lease_token, lease_until,
+            target_version, base_version, applied_version, mode)
+        VALUES (NEW.id, NEW.user_id, OLD.lease_token, OLD.lease_until, NEW.target_version,
+                NEW.base_applied_version,
+                (SELECT s.applied_version FROM user_stats_refresh_state s
+                 WHERE s.user_id = NEW.user_id),
+                coalesce(NEW.payload #>> '{manifest,mode}', OLD.payload #>> '{manifest,mode}'));
     END IF;
     RETURN NULL;
 END $$;
 CREATE TRIGGER chaos_publication_audit AFTER UPDATE ON user_stats_projection_runs
     FOR EACH ROW EXECUTE FUNCTION chaos_publication_audit();
+
+-- Every step of a stats run (a claim, each compute call that moved its payload or
+-- phase) and who took it: a batch run resumed under its token may be stepped by
+-- several processes in turn, never two at once (its row lock).
+CREATE TABLE chaos_stats_steps (
+    seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
+    run_id bigint NOT NULL,
+    phase text NOT NULL,
+    worker_pid integer DEFAULT substring(current_setting('application_name') FROM '[.]([0-9]+)$')::integer,
+    backend_pid integer NOT NULL DEFAULT pg_backend_pid(),
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE FUNCTION chaos_stats_step_audit() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    IF TG_OP = 'INSERT' OR NEW.payload IS DISTINCT FROM OLD.payload
+       OR NEW.phase IS DISTINCT FROM OLD.phase THEN
+        INSERT INTO chaos_stats_steps (run_id, phase) VALUES (NEW.id, NEW.phase);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER chaos_stats_step_audit AFTER INSERT OR UPDATE ON user_stats_projection_runs
+    FOR EACH ROW EXECUTE FUNCTION chaos_stats_step_audit();
+
+-- Jobs that ended failed (attempts exhausted, or a non-retryable error): each one's
+-- range must still be owed, never silently dropped.
+CREATE TABLE chaos_stats_job_failures (
+    seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
+    job_id bigint NOT NULL,
+    user_id uuid NOT NULL,
+    requested_version bigint NOT NULL,
+    from_date date,
+    exercise_ids text[],  -- NULL: no exercise (period stats only)
+    error text,
+    failed_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE FUNCTION chaos_job_failure_audit() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    IF NEW.status = 'failed' AND OLD.status IS DISTINCT FROM 'failed' THEN
+        INSERT INTO chaos_stats_job_failures
+            (job_id, user_id, requested_version, from_date, exercise_ids, error)
+        VALUES (NEW.id, NEW.user_id, NEW.requested_version, NEW.from_date, NEW.exercise_ids,
+                NEW.error_message);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER chaos_job_failure_audit AFTER UPDATE ON user_exercise_stats_refresh_jobs
+    FOR EACH ROW EXECUTE FUNCTION chaos_job_failure_audit();
+
+-- Every write of a generation-labelled row, per statement and user: the lowest and
+-- highest generation it wrote. A user's generations must never go back in any table
+-- (the projections, the PR overview headers, the rollover state).
+CREATE TABLE chaos_generation_writes (
+    seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
+    what text NOT NULL,
+    user_id uuid NOT NULL,
+    min_generation bigint NOT NULL,
+    max_generation bigint NOT NULL,
+    txid bigint NOT NULL DEFAULT txid_current(),
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE FUNCTION chaos_generation_audit() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    INSERT INTO chaos_generation_writes (what, user_id, min_generation, max_generation)
+    SELECT TG_TABLE_NAME, w.user_id, min(w.generation), max(w.generation)
+    FROM written w GROUP BY w.user_id ORDER BY w.user_id;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER chaos_exercise_generation_insert AFTER INSERT ON user_exercise_stats
+    REFERENCING NEW TABLE AS written FOR EACH STATEMENT EXECUTE FUNCTION chaos_generation_audit();
+CREATE TRIGGER chaos_exercise_generation_update AFTER UPDATE ON user_exercise_stats
+    REFERENCING NEW TABLE AS written FOR EACH STATEMENT EXECUTE FUNCTION chaos_generation_audit();
+CREATE TRIGGER chaos_period_generation_insert AFTER INSERT ON user_training_period_stats
+    REFERENCING NEW TABLE AS written FOR EACH STATEMENT EXECUTE FUNCTION chaos_generation_audit();
+CREATE TRIGGER chaos_period_generation_update AFTER UPDATE ON user_training_period_stats
+    REFERENCING NEW TABLE AS written FOR EACH STATEMENT EXECUTE FUNCTION chaos_generation_audit();
+CREATE TRIGGER chaos_header_generation_insert AFTER INSERT ON user_pr_overview_snapshot_headers
+    REFERENCING NEW TABLE AS written FOR EACH STATEMENT EXECUTE FUNCTION chaos_generation_audit();
+CREATE TRIGGER chaos_header_generation_update AFTER UPDATE ON user_pr_overview_snapshot_headers
+    REFERENCING NEW TABLE AS written FOR EACH STATEMENT EXECUTE FUNCTION chaos_generation_audit();
+CREATE FUNCTION chaos_rollover_generation_audit() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    IF NEW.snapshot_generation IS NOT NULL THEN
+        INSERT INTO chaos_generation_writes (what, user_id, min_generation, max_generation)
+        VALUES (TG_TABLE_NAME, NEW.user_id, NEW.snapshot_generation, NEW.snapshot_generation);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER chaos_rollover_generation AFTER INSERT OR UPDATE ON user_pr_overview_rollover_state
+    FOR EACH ROW EXECUTE FUNCTION chaos_rollover_generation_audit();
 
 -- Observation completions: the completing token must be the item's latest claim and the
 -- source must not have changed since that claim.

@@ -63,11 +63,25 @@ WAKEUP_WARMUP_SECONDS = 30
 RELEASE_JITTER_SECONDS = 60
 
 # -- the workload and its faults --------------------------------------------------------
-WORKERS = {"planner": 2, "refresher": 2, "observer": 2, "prober": 1, "stats": 2, "maintainer": 1}
+# Stats workers: two stepping through claim/compute/publish by hand, two drain loops
+# (the drain op's own path) running at once.
+WORKERS = {
+    "planner": 2,
+    "refresher": 2,
+    "observer": 2,
+    "prober": 1,
+    "stats": 2,
+    "drainer": 2,
+    "maintainer": 1,
+}
 OPS_PER_SECOND = 8
 KILL_CHANCE = 0.04  # per operation: SIGKILL a worker process (restarted at once)
 PAUSE_CHANCE = 0.012  # SIGSTOP a worker past its lease
 TERMINATE_CHANCE = 0.02  # pg_terminate_backend of one worker's session
+# SIGKILL or terminate a stats worker that holds a live claim, inside a transaction when
+# one is caught there (the harness looks a few times, a few milliseconds apart).
+CLAIM_KILL_CHANCE = 0.025
+CLAIM_KILL_LOOKS = 20
 PAUSE_SECONDS = LEASE_SECONDS + 1.5  # outlives the lease
 # Database restarts, at these fractions of the run's operations (when the server can be
 # restarted: an embedded or private cluster, or a restart command given explicitly).
@@ -83,6 +97,30 @@ STORM_AT = 0.45
 STORM_OPERATIONS = 40  # 5 s at 8 operations/s
 STORM_RETRY_AFTER = "2"
 STORM_ITEMS = 30  # a sync brings this many items due for observation as the storm starts
+
+# -- the stats side ----------------------------------------------------------------------
+# Users with more candidate exercises than one compute batch (100), so every full-history
+# or import-sized range runs the batched path (preparation, batches, finalization in
+# separate transactions); their sessions are edited while those batches run.
+LARGE_USERS = 2
+LARGE_EXERCISES = 120
+LARGE_IMPORT_SESSIONS = 3  # at setup, each holding every one of the large exercises
+SMALL_USERS = 6
+# Exhausted attempts: for this many operations from this fraction of the run (and now
+# and then as a drawn operation) the attempt cap drops to 2 or 3, with the compute
+# budget at 1 ms (every compute times out: always at the fixed point, half the time when
+# drawn) or untouched (edits during a large account's batches invalidate its attempts);
+# then both are restored.
+SQUEEZE_AT = 0.55
+SQUEEZE_OPERATIONS = 80  # 10 s at 8 operations/s
+SQUEEZED_ATTEMPTS = (2, 3)
+SQUEEZED_COMPUTE_BUDGET_MS = 1
+# An operator's rebuild of every user, issued beside the writes (its own connection);
+# before the squeeze, so that it cannot cover the ranges the squeeze makes fail.
+REBUILD_AT = 0.3
+# One user's sessions are all deleted here and no session is saved for it afterwards:
+# the comparisons must find nothing left of them.
+EMPTY_USER_AT = 0.7
 
 # -- the Dagster path ------------------------------------------------------------------
 # The daemon's refresh runs use the product's settings from the environment: the

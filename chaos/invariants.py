@@ -9,6 +9,7 @@ from chaos.config import RELEASE_JITTER_SECONDS, RETRY_POLICY
 from inventory_pipeline.db import Connection, fetch_all, fetch_one, jsonb
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.profiles.generator import frame_from_rows, generate_profile
+from inventory_pipeline.stats import processors
 
 # The longest delay a case may legitimately wait: the retry cap, or the release jitter
 # of an authentication case released after a verified key.
@@ -146,6 +147,12 @@ def profiles_converged(conn: Connection) -> list[str]:
 
 
 HARNESS_ACTOR = "chaos.%"
+# Stats publications with the token their publisher declared: to the harness (a stepping
+# worker), else to the product's fence (a drain loop, a Dagster run).
+PUBLICATIONS = (
+    "SELECT *, CASE WHEN completing_token <> '' THEN completing_token ELSE product_token END"
+    " AS declared FROM chaos_stats_publications"
+)
 
 
 def no_lost_claim_acknowledged(conn: Connection) -> list[str]:
@@ -204,16 +211,16 @@ def no_lost_claim_acknowledged(conn: Connection) -> list[str]:
         )
     ]
     out += [
-        f"stats run {r['run_id']}: published by {r['why']}"
+        f"stats run {r['run_id']}: published by {r['why']} (process {r['worker_pid']})"
         for r in fetch_all(
             conn,
-            "SELECT run_id, CASE WHEN began_at >= lease_until"
+            "SELECT run_id, worker_pid, CASE WHEN began_at >= lease_until"
             "   THEN 'its worker after the lease ended'"
             "   ELSE 'a worker that did not hold its lease' END AS why"
-            " FROM chaos_stats_publications"
+            f" FROM ({PUBLICATIONS}) p"
             " WHERE began_at >= lease_until"
-            " OR (completing_token = '' AND actor LIKE %(harness)s)"
-            " OR (completing_token <> '' AND completing_token <> lease_token::text)"
+            " OR (declared = '' AND actor LIKE %(harness)s)"
+            " OR (declared <> '' AND declared <> lease_token::text)"
             " ORDER BY seq",
             {"harness": HARNESS_ACTOR},
         )
@@ -398,6 +405,178 @@ def nothing_stuck(conn: Connection) -> list[str]:
             conn,
             "SELECT id, phase FROM user_stats_projection_runs"
             " WHERE phase IN ('claimed', 'computed') AND lease_until > now()",
+        )
+    ]
+    return out
+
+
+# Stats worker processes of the harness holding a live claim (the run's lease names the
+# process that claimed it), those caught inside a transaction first.
+CLAIM_HOLDERS = (
+    "SELECT substring(a.application_name FROM '[.]([0-9]+)$')::integer AS worker_pid,"
+    " a.xact_start IS NOT NULL AS in_transaction"
+    " FROM pg_stat_activity a JOIN user_stats_projection_runs r"
+    "   ON r.lock_owner = 'chaos-' || substring(a.application_name FROM '[.]([0-9]+)$')"
+    " WHERE a.datname = current_database()"
+    " AND a.application_name ~ '^chaos[.](stats|drainer)[.][0-9]+$'"
+    " AND r.phase IN ('claimed', 'computed') AND r.lease_until > now()"
+    " ORDER BY a.xact_start IS NULL, a.xact_start LIMIT 1"
+)
+
+
+def stats_users(conn: Connection) -> list[Any]:
+    """Every user the stats know of, those whose sessions were all deleted included."""
+    return [
+        r["user_id"]
+        for r in fetch_all(
+            conn,
+            "SELECT user_id FROM user_stats_refresh_state UNION SELECT user_id"
+            " FROM training_sessions ORDER BY user_id",
+        )
+    ]
+
+
+# Ranges owed, judged from the queue and the runs alone: jobs that ended failed whose
+# range (dates and exercises; no exercises: period stats only) no run of their user
+# published that began after their own last run (after they failed, when they never
+# ran), whatever the product records as owed.
+OWED = (
+    "SELECT f.id AS job_id, f.user_id, f.from_date, f.requested_version,"
+    " CASE WHEN f.exercise_ids IS NULL THEN 'none'"
+    "   WHEN cardinality(f.exercise_ids) = 0 THEN 'all'"
+    "   ELSE array_to_string(f.exercise_ids[1:3], ',')"
+    "     || CASE WHEN cardinality(f.exercise_ids) > 3 THEN ',...' ELSE '' END END"
+    "   AS exercises"
+    " FROM user_exercise_stats_refresh_jobs f"
+    " LEFT JOIN LATERAL (SELECT max(x.id) AS last_run FROM user_stats_projection_runs x"
+    "   WHERE x.job_id = f.id) own ON true"
+    " WHERE f.status = 'failed' AND NOT EXISTS ("
+    "   SELECT 1 FROM user_stats_projection_runs r"
+    "   WHERE r.user_id = f.user_id AND r.phase = 'published'"
+    "   AND (r.id > own.last_run"
+    "        OR (own.last_run IS NULL AND r.created_at > f.completed_at))"
+    "   AND (r.from_date IS NULL OR r.from_date <= f.from_date)"
+    "   AND (f.exercise_ids IS NULL OR cardinality(r.exercise_ids) = 0"
+    "        OR (cardinality(f.exercise_ids) > 0 AND f.exercise_ids <@ r.exercise_ids)))"
+)
+
+
+def owed_ranges(conn: Connection) -> list[str]:
+    """No range owed once the run settles (`OWED`)."""
+    return [
+        f"user {r['user_id']}: range of failed job {r['job_id']} (from"
+        f" {r['from_date'] or 'the start'}, exercises {r['exercises']},"
+        f" generation {r['requested_version']}) never published after it failed"
+        for r in fetch_all(conn, f"{OWED} ORDER BY f.id")
+    ]
+
+
+def current_while_owed(conn: Connection) -> list[str]:
+    """A user's stats never read as current while a range is owed (`OWED`): sampled
+    through the run, one consistent snapshot each time."""
+    return [
+        f"user {r['user_id']}: stats read as current while the range of failed job"
+        f" {r['job_id']} was owed"
+        for r in fetch_all(
+            conn, f"SELECT * FROM ({OWED}) o WHERE NOT stats_user_is_stale(o.user_id)"
+        )
+    ]
+
+
+def nothing_owed(conn: Connection) -> list[str]:
+    """What the product itself records, once settled: no owed range, no user it calls
+    stale, and its status function saying so."""
+    out = [
+        f"user {r['user_id']}: owes a range (from {r['from_date'] or 'the start'},"
+        f" failed jobs {r['failed_job_ids']}) after settling"
+        for r in fetch_all(
+            conn,
+            "SELECT user_id, from_date, failed_job_ids FROM user_stats_owed_ranges"
+            " ORDER BY user_id",
+        )
+    ]
+    out += [
+        f"user {r['user_id']}: stats stale after settling"
+        for r in fetch_all(
+            conn,
+            "SELECT user_id FROM user_stats_refresh_state WHERE stats_user_is_stale(user_id)"
+            " ORDER BY user_id",
+        )
+    ]
+    status = processors.worker_status(conn)
+    out += [
+        f"status function: {key} = {status.get(key)} after settling"
+        for key in ("owed_users", "stale_users")
+        if status.get(key)
+    ]
+    return out
+
+
+def stats_generations(conn: Connection) -> list[str]:
+    """Generations never go back, from the audit trail and at rest:
+    - every publication made its target the applied generation, and a user's
+      publications are strictly newer one after the other;
+    - in every generation-labelled table (exercise and period projections, PR overview
+      headers, rollover state) no write labels a user's rows older than one before it;
+    - at rest, no projection row and no rollover state newer than the applied
+      generation, and PR overview headers of the applied generation only."""
+    out = [
+        f"stats run {r['run_id']}: user {r['user_id']} published generation"
+        f" {r['target_version']} (base {r['base_version']}) {r['why']}"
+        f" (process {r['worker_pid']}, backend {r['backend_pid']})"
+        for r in fetch_all(
+            conn,
+            "SELECT run_id, user_id, target_version, base_version, worker_pid, backend_pid,"
+            " CASE WHEN applied_version IS DISTINCT FROM target_version"
+            "   THEN 'under applied ' || coalesce(applied_version::text, 'none')"
+            "   ELSE 'after generation ' || before END AS why"
+            " FROM (SELECT *, max(target_version) OVER (PARTITION BY user_id ORDER BY seq"
+            "   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before"
+            "   FROM chaos_stats_publications) p"
+            " WHERE applied_version IS DISTINCT FROM target_version OR target_version <= before"
+            " ORDER BY seq",
+        )
+    ]
+    out += [
+        f"{r['what']}: user {r['user_id']} labelled generation {r['min_generation']}"
+        f" after generation {r['before']}"
+        for r in fetch_all(
+            conn,
+            "SELECT what, user_id, min_generation, before FROM ("
+            "   SELECT what, user_id, min_generation, seq,"
+            "     max(max_generation) OVER (PARTITION BY what, user_id ORDER BY seq"
+            "       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before"
+            "   FROM chaos_generation_writes) w"
+            " WHERE min_generation < before ORDER BY seq",
+        )
+    ]
+    out += [
+        f"{r['what']}: user {r['user_id']} holds generation {r['generation']}"
+        f" under applied {r['applied_version']}"
+        for r in fetch_all(
+            conn,
+            "SELECT 'user_exercise_stats' AS what, e.user_id, max(e.generation) AS generation,"
+            "   s.applied_version"
+            " FROM user_exercise_stats e JOIN user_stats_refresh_state s USING (user_id)"
+            " GROUP BY e.user_id, s.applied_version HAVING max(e.generation) > s.applied_version"
+            " UNION ALL"
+            " SELECT 'user_training_period_stats', p.user_id, max(p.generation),"
+            "   s.applied_version"
+            " FROM user_training_period_stats p JOIN user_stats_refresh_state s USING (user_id)"
+            " GROUP BY p.user_id, s.applied_version HAVING max(p.generation) > s.applied_version"
+            " UNION ALL"
+            " SELECT 'user_pr_overview_snapshot_headers', h.user_id, h.generation,"
+            "   s.applied_version"
+            " FROM user_pr_overview_snapshot_headers h"
+            " JOIN user_stats_refresh_state s USING (user_id)"
+            " WHERE h.generation <> s.applied_version"
+            " UNION ALL"
+            " SELECT 'user_pr_overview_rollover_state', r.user_id, r.snapshot_generation,"
+            "   s.applied_version"
+            " FROM user_pr_overview_rollover_state r"
+            " JOIN user_stats_refresh_state s USING (user_id)"
+            " WHERE r.snapshot_generation > s.applied_version"
+            " ORDER BY 1, 2",
         )
     ]
     return out

@@ -25,12 +25,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chaos import invariants, oracle
+from chaos import invariants, oracle, stats_oracle
 from chaos.config import (
     API_KEY,
     AUTH_BACKLOG_AT,
     BACKLOG_AT,
+    CLAIM_KILL_CHANCE,
+    CLAIM_KILL_LOOKS,
     DAEMON_FIRST_ACK_SECONDS,
+    EMPTY_USER_AT,
     EXPECTED_SQLSTATE_CLASSES,
     EXPECTED_SQLSTATES,
     EXPECTED_WITHOUT_SQLSTATE,
@@ -45,7 +48,10 @@ from chaos.config import (
     OPS_PER_SECOND,
     PAUSE_CHANCE,
     PAUSE_SECONDS,
+    REBUILD_AT,
     RESTART_AT,
+    SQUEEZE_AT,
+    SQUEEZED_COMPUTE_BUDGET_MS,
     STATS_SETTINGS,
     STORM_AT,
     TERMINATE_CHANCE,
@@ -71,7 +77,7 @@ from inventory_pipeline.db.connection import create_database, drop_database, url
 from inventory_pipeline.db.migrator import migrate
 from inventory_pipeline.provider import admission
 from inventory_pipeline.provider.standin import StandIn
-from inventory_pipeline.stats import processors
+from inventory_pipeline.stats import processors, runbook
 from tests.factories import tables_containing
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,6 +141,12 @@ class Report:
     storms: list[int] = field(default_factory=list)
     dagster_runs: Counter[str] = field(default_factory=Counter)
     dagster_first: float | None = None  # seconds until a Dagster run first acknowledged
+    # Stats workers killed (SIGKILL or terminated) while they held a live claim, by
+    # whether the kill caught them inside a transaction.
+    claim_kills: Counter[str] = field(default_factory=Counter)
+    squeezes: int = 0
+    edits_during_compute: int = 0
+    exhausted_retried: int = 0  # by the runbook while settling
     divergences: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
@@ -153,6 +165,10 @@ class Report:
             f"workers that exited on their own: {counted(self.exits)}",
             f"operations: {counted(self.operations)}",
             f"refused by the database: {counted(self.refused)}",
+            f"stats: claim holders killed {counted(self.claim_kills)}, budget squeezes"
+            f" {self.squeezes}, large-account edits aimed at a computing run"
+            f" {self.edits_during_compute}, exhausted jobs retried by the runbook while"
+            f" settling {self.exhausted_retried}",
             f"audit: {self.audit}",
             f"throttle storms, requests that reached the stand-in: {self.storms}",
             f"longest an active library stayed dirty: {self.dirty_seconds:.1f} s",
@@ -213,6 +229,34 @@ class DirtyClock(threading.Thread):
         self.done.set()
         self.join(timeout=5)
         return self.longest
+
+
+class FreshnessWatch(threading.Thread):
+    """Samples, once a second, whether the product calls any user's stats current while
+    a range of theirs is owed; keeps every such observation."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.seen: dict[str, None] = {}  # in the order first seen
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        conn: Connection | None = None
+        while not self.done.wait(1.0):
+            try:
+                if conn is None or conn.closed:
+                    conn = connect(self.url, application_name="chaos.harness")
+                self.seen.update(dict.fromkeys(invariants.current_while_owed(conn)))
+            except DatabaseError:
+                continue  # a restart: sample again in a second
+        if conn is not None:
+            conn.close()
+
+    def stop(self) -> list[str]:
+        self.done.set()
+        self.join(timeout=5)
+        return list(self.seen)
 
 
 class Harness:
@@ -300,6 +344,37 @@ class Harness:
         if row is not None and row["n"]:
             self.report.terminations[worker.role] += 1
 
+    def kill_claim_holder(self, conn: Connection, sigkill: bool) -> None:
+        """SIGKILL (or terminate the session of) a stats worker that holds a live claim,
+        inside a transaction if one is caught there within a few looks: the claim must
+        be recovered (its lease runs out, a batch run resumes under its token) and never
+        published by anyone else."""
+        holder = None
+        for _ in range(CLAIM_KILL_LOOKS):
+            holder = fetch_one(conn, invariants.CLAIM_HOLDERS)
+            if holder is None or holder["in_transaction"]:
+                break
+            time.sleep(0.003)
+        if holder is None:
+            return
+        worker = next(
+            (
+                w
+                for w in self.workers
+                if w.process is not None and w.process.pid == holder["worker_pid"]
+            ),
+            None,
+        )
+        if worker is None:
+            return
+        where = "in a transaction" if holder["in_transaction"] else "between transactions"
+        if sigkill:
+            self.kill(worker)
+            self.report.claim_kills[f"SIGKILL {where}"] += 1
+        else:
+            self.terminate(conn, worker)
+            self.report.claim_kills[f"terminated {where}"] += 1
+
     def restart_server(self) -> None:
         started = time.time()
         self.server.restart()
@@ -349,6 +424,7 @@ def _quiesce(
     left: dict[str, int] = {}
     while time.monotonic() - started < timeout:
         harness.restart_exited()
+        harness.report.exhausted_retried += retry_exhausted(conn)
         left = invariants.outstanding(conn)
         if waited is not None:
             waited.update({k: time.monotonic() - started for k, v in left.items() if v})
@@ -357,6 +433,25 @@ def _quiesce(
             return time.monotonic() - started, {}
         time.sleep(1.0)
     return time.monotonic() - started, {k: v for k, v in left.items() if v}
+
+
+def retry_exhausted(conn: Connection) -> int:
+    """The runbook, as an operator follows it once the budgets are restored: retry the
+    exhausted jobs of every user whose stats say they are stale. A user the product
+    calls current is left alone, so a range it dropped without saying so stays for the
+    checks to find."""
+    retried = 0
+    for row in fetch_all(
+        conn,
+        "SELECT id FROM user_exercise_stats_refresh_jobs"
+        " WHERE status = 'failed' AND stats_user_is_stale(user_id) ORDER BY id",
+    ):
+        try:
+            runbook.retry(conn, int(row["id"]))
+        except runbook.RunbookError:
+            continue  # retried already
+        retried += 1
+    return retried
 
 
 def _audit(conn: Connection) -> dict[str, int]:
@@ -373,6 +468,13 @@ def _audit(conn: Connection) -> dict[str, int]:
         " (SELECT count(*) FROM chaos_profile_lapses WHERE to_status = 'failed')"
         "   AS profile_terminal_failures,"
         " (SELECT count(*) FROM chaos_stats_publications) AS stats_publications,"
+        " (SELECT count(*) FROM chaos_stats_publications WHERE mode = 'batched')"
+        "   AS stats_batched_publications,"
+        " (SELECT count(DISTINCT worker_pid) FROM chaos_stats_publications)"
+        "   AS stats_publishing_processes,"
+        " (SELECT count(*) FROM chaos_stats_job_failures) AS stats_exhausted_jobs,"
+        " (SELECT count(*) FROM (SELECT run_id FROM chaos_stats_steps GROUP BY run_id"
+        "   HAVING count(DISTINCT backend_pid) > 1) r) AS stats_runs_stepped_by_several,"
         " (SELECT count(*) FROM user_stats_projection_runs WHERE error = 'lease expired')"
         "   AS stats_runs_expired,"
         " (SELECT count(*) FROM chaos_item_claims) AS item_claims,"
@@ -468,16 +570,20 @@ def run(
                 report.dagster_first = dagster.first_acknowledgement(url, DAEMON_FIRST_ACK_SECONDS)
             clock = DirtyClock(url)
             clock.start()
+            freshness = FreshnessWatch(url)
+            freshness.start()
             try:
                 _chaos(harness, workload, random.Random(f"{seed}-schedule"), seconds, log)
+                workload.settle()
                 report.operations, report.refused = workload.done, workload.refused
                 report.unexpected_refusals = workload.unexpected
                 report.unsupported = workload.unsupported
+                report.squeezes = workload.squeezes
+                report.edits_during_compute = workload.edits_during_compute
                 report.storms = [
                     sum(1 for t in list(standin.state.arrivals) if start <= t <= end)
                     for start, end in workload.storms
                 ]
-                workload.settle()
                 with connect(url, application_name="chaos.harness") as conn:
                     report.quiesce_seconds, left = _quiesce(
                         conn, MAX_QUIESCE_SECONDS, harness, report.waited
@@ -495,6 +601,7 @@ def run(
                         report.divergences += _rebuild_and_compare(conn, harness)
             finally:
                 clock.stop()
+                report.divergences += freshness.stop()
                 harness.stop()
                 workload.conn.close()
                 if dagster is not None:
@@ -523,6 +630,7 @@ def _checks(conn: Connection, report: Report, harness: Harness) -> list[str]:
     out = invariants.profiles_converged(conn)
     out += oracle.check(conn)
     out += invariants.stats_versions(conn)
+    out += invariants.stats_generations(conn)
     out += invariants.no_lost_claim_acknowledged(conn)
     out += invariants.no_attempt_burned_unworked(conn)
     out += invariants.wakeups(conn, WAKEUP_RELEASE_LIMIT, WAKEUP_SPACING_SECONDS)
@@ -558,6 +666,8 @@ def _chaos(
     restarts = {int(total * at) for at in RESTART_AT} if harness.server.restartable else set()
     backlog, storm = int(total * BACKLOG_AT), int(total * STORM_AT)
     auth_backlog = int(total * AUTH_BACKLOG_AT)
+    squeeze, rebuild = int(total * SQUEEZE_AT), int(total * REBUILD_AT)
+    empty_user = int(total * EMPTY_USER_AT)
     started = time.monotonic()
     admin = connect(harness.url, application_name="chaos.harness")
     try:
@@ -568,9 +678,26 @@ def _chaos(
                 workload.apply("throttle_storm", workload.throttle_storm)
             if op == auth_backlog:
                 workload.apply("auth_backlog", workload.auth_backlog)
+            if op == squeeze:
+                workload.apply(
+                    "squeeze_budget",
+                    lambda: workload.squeeze_budget(SQUEEZED_COMPUTE_BUDGET_MS),
+                )
+            if op == rebuild:
+                workload.apply("rebuild_everyone", workload.rebuild_everyone)
+            if op == empty_user:
+                workload.apply("empty_user", workload.empty_user)
             workload.step()
             roll = schedule.random()
             target = schedule.choice(harness.workers)
+            claim_kill = schedule.random()
+            if claim_kill < CLAIM_KILL_CHANCE:
+                try:
+                    if admin.closed:
+                        admin = connect(harness.url, application_name="chaos.harness")
+                    harness.kill_claim_holder(admin, sigkill=claim_kill < CLAIM_KILL_CHANCE / 2)
+                except DatabaseError:
+                    admin.close()
             if roll < KILL_CHANCE:
                 harness.kill(target)
             elif roll < KILL_CHANCE + PAUSE_CHANCE:
@@ -610,14 +737,19 @@ def _first_wakeups(url: str, timeout: float) -> None:
 
 
 def _rebuild_and_compare(conn: Connection, harness: Harness) -> list[str]:
-    """Projections and PR snapshots against a full-history recomputation through the
-    queue: request a rebuild of every user, let the workers publish it, compare."""
+    """The settled stats: no range owed, and the projections and today's PR overview
+    equal to the independent oracle's computation from the sessions; then equal to a
+    full-history recomputation through the queue (a rebuild of every user, those whose
+    sessions were all deleted included, published by the workers)."""
+    out = invariants.owed_ranges(conn)
+    out += invariants.nothing_owed(conn)
+    out += [f"settled: {line}" for line in stats_oracle.check(conn)]
     try:
         incremental = invariants.projections(conn)
     except DatabaseError as exc:
-        return [f"PR overview unreadable after quiescence: {exc}"]
-    processors.request_rebuild(conn, None)
+        return [*out, f"PR overview unreadable after quiescence: {exc}"]
+    processors.request_rebuild(conn, invariants.stats_users(conn))
     _, left = _quiesce(conn, MAX_QUIESCE_SECONDS, harness)
     if left:
-        return [f"rebuild did not finish: {left}"]
-    return invariants.projections_equal(incremental, invariants.projections(conn))
+        return [*out, f"rebuild did not finish: {left}"]
+    return out + invariants.projections_equal(incremental, invariants.projections(conn))

@@ -160,6 +160,15 @@ def stats(conn: Connection) -> bool:
     return True
 
 
+def drainer(conn: Connection) -> bool:
+    """The drain op's own loop (claim, compute in committed batches, publish) for a few
+    rounds; two of these run at once beside the stepping workers. It declares nothing to
+    the harness: its publications are judged by the token its publish stage declared
+    for the fence."""
+    summary = processors.drain(conn, f"chaos-{os.getpid()}", max_rounds=5)
+    return bool(summary.rounds)
+
+
 def maintainer(conn: Connection) -> bool:
     rolled = maintenance.rollover(conn).requested
     return bool(rolled + maintenance.process_catalog(conn))
@@ -170,6 +179,7 @@ def role_step(role: str, provider_url: str) -> Step:
         "planner": planner,
         "refresher": refresher,
         "stats": stats,
+        "drainer": drainer,
         "maintainer": maintainer,
     }
     if role == "observer":
@@ -179,7 +189,7 @@ def role_step(role: str, provider_url: str) -> Step:
     return steps[role]
 
 
-ROLES = ("planner", "refresher", "observer", "prober", "stats", "maintainer")
+ROLES = ("planner", "refresher", "observer", "prober", "stats", "drainer", "maintainer")
 
 
 def error_line(role: str, exc: BaseException) -> str:

@@ -2,14 +2,17 @@
 random stream, so a seed names the same operations in the same order every time.
 
 Writes go through plain SQL and the published write functions, as any application of
-the data contract would; nothing here calls the pipeline's own services. Some go through
-a separate writer role that holds rights on the items table and nothing else (INSERT,
-UPDATE, DELETE, TRUNCATE, upserts, MERGE and COPY), as another program's sync would.
+the data contract would; the one operator action, a rebuild of every user, goes through
+the product's rebuild entry point on a connection of its own, beside the writes. Some
+writes go through a separate writer role that holds rights on the items table and
+nothing else (INSERT, UPDATE, DELETE, TRUNCATE, upserts, MERGE and COPY), as another
+program's sync would.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 import time
 import uuid
 from collections import Counter
@@ -25,6 +28,14 @@ from chaos.config import (
     BACKLOG_LIBRARIES,
     EXPECTED_SQLSTATE_CLASSES,
     EXPECTED_SQLSTATES,
+    LARGE_EXERCISES,
+    LARGE_IMPORT_SESSIONS,
+    LARGE_USERS,
+    SMALL_USERS,
+    SQUEEZE_OPERATIONS,
+    SQUEEZED_ATTEMPTS,
+    SQUEEZED_COMPUTE_BUDGET_MS,
+    STATS_SETTINGS,
     STORM_ITEMS,
     STORM_OPERATIONS,
     STORM_RETRY_AFTER,
@@ -41,9 +52,18 @@ from inventory_pipeline.db import (
 )
 from inventory_pipeline.db.connection import translate_errors
 from inventory_pipeline.provider.standin import StandIn
+from inventory_pipeline.stats import processors
 from tests.factories import insert_items, item_values
 
 GLOBAL_EXERCISES = ("squat", "bench_press", "deadlift", "overhead_press", "row", "pull_up")
+# The large accounts' catalog: more exercises than one compute batch holds.
+LARGE_CATALOG = tuple(f"lift_{n:03d}" for n in range(LARGE_EXERCISES))
+# The runs of a user still computing (claimed, not yet computed): where an edit lands
+# between a batched compute's transactions.
+COMPUTING = (
+    "SELECT user_id FROM user_stats_projection_runs WHERE phase = 'claimed'"
+    " AND user_id = ANY(%s) ORDER BY id DESC LIMIT 1"
+)
 FAULTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("status", {"status": 500}),
     ("status", {"status": 503}),
@@ -120,8 +140,23 @@ class Workload:
     storms: list[tuple[float, float]] = field(default_factory=list)  # epoch seconds
     storm_started: float | None = None
     storm_left: int = 0
+    # The stats side: accounts past one compute batch, users emptied for good, budget
+    # squeezes, rebuilds beside the writes.
+    large_users: list[uuid.UUID] = field(default_factory=list)
+    emptied: set[uuid.UUID] = field(default_factory=set)
+    squeezes: int = 0
+    squeeze_left: int = 0
+    edits_during_compute: int = 0
+    rebuild: threading.Thread | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def setup(self, libraries: int = 6, items_per_library: int = 15, users: int = 4) -> None:
+    def setup(
+        self,
+        libraries: int = 6,
+        items_per_library: int = 15,
+        users: int = SMALL_USERS,
+        large_users: int = LARGE_USERS,
+    ) -> None:
         """The starting system of record: servers, libraries, items, users' logs."""
         self._create_writer_role()
         servers = [self._server(f"server-{n}") for n in range(2)]
@@ -140,6 +175,12 @@ class Workload:
             "UPDATE provider_settings SET api_key = %s, active = true WHERE provider = 'tmdb'",
             (API_KEY,),
         )
+        self.setup_training(users, large_users)
+        self.auth_backlog()
+
+    def setup_training(self, users: int = SMALL_USERS, large_users: int = LARGE_USERS) -> None:
+        """The catalog and the users' logs: small accounts of a few lifts, and large
+        ones holding more exercises than one compute batch."""
         for exercise in GLOBAL_EXERCISES:
             execute(
                 self.conn,
@@ -157,7 +198,17 @@ class Workload:
             )
             for _ in range(4):
                 self.save_session(user)
-        self.auth_backlog()
+        execute(
+            self.conn,
+            "INSERT INTO exercises (id, name) SELECT unnest(%s::text[]), 'Bulk lift'",
+            (list(LARGE_CATALOG),),
+        )
+        for _ in range(large_users):
+            user = uuid.UUID(int=self.rng.getrandbits(128))
+            self.large_users.append(user)
+            self.sessions[user] = []
+            for _ in range(LARGE_IMPORT_SESSIONS):
+                self.save_large(user, everything=True)
 
     # -- inventory ---------------------------------------------------------------------
 
@@ -487,20 +538,26 @@ class Workload:
 
     # -- training log ------------------------------------------------------------------
 
+    def _set(self, exercise_id: str) -> dict[str, Any]:
+        """Plates of a quarter kilogram (101.25 kg x 7 is where a truncated estimate
+        rounds wrong), 1-15 reps (past twelve: no estimate), one warm-up in five."""
+        return {
+            "exercise_id": exercise_id,
+            "weight_kg": self.rng.randint(80, 800) / 4,
+            "reps": self.rng.randint(1, 15),
+            "warmup": self.rng.random() < 0.2,
+        }
+
     def _sets(self, user: uuid.UUID) -> list[dict[str, Any]]:
+        """One to six sets; now and then a session without any."""
+        if self.rng.random() < 0.05:
+            return []
         lifts = [*GLOBAL_EXERCISES, f"own_{user.hex[:8]}"]
-        return [
-            {
-                "exercise_id": self.rng.choice(lifts),
-                "weight_kg": self.rng.randint(20, 200),
-                "reps": self.rng.randint(1, 15),
-                "warmup": self.rng.random() < 0.2,
-            }
-            for _ in range(self.rng.randint(1, 6))
-        ]
+        return [self._set(self.rng.choice(lifts)) for _ in range(self.rng.randint(1, 6))]
 
     def save_session(self, user: uuid.UUID | None = None, edit: bool = False) -> None:
-        user = user or self.rng.choice(self.users)
+        writable = [u for u in self.users if u not in self.emptied]
+        user = user or self.rng.choice(writable)
         known = self.sessions[user]
         if edit and known:
             session_id = self.rng.choice(known)
@@ -522,6 +579,98 @@ class Workload:
             return
         session_id = self.sessions[user].pop(self.rng.randrange(len(self.sessions[user])))
         execute(self.conn, "SELECT delete_training_session(%s, %s)", (user, session_id))
+
+    def delete_all_sessions(self, user: uuid.UUID | None = None) -> None:
+        """Every session of one user deleted, one write each."""
+        user = user or self.rng.choice(self.users)
+        while self.sessions[user]:
+            session_id = self.sessions[user].pop()
+            execute(self.conn, "SELECT delete_training_session(%s, %s)", (user, session_id))
+
+    def empty_user(self) -> None:
+        """The first user loses every session and saves none afterwards."""
+        self.emptied.add(self.users[0])
+        self.delete_all_sessions(self.users[0])
+
+    def save_large(self, user: uuid.UUID | None = None, everything: bool = False) -> None:
+        """A session of a large account: an import-sized one (more exercises than a
+        compute batch, so its own range is batched) or a few lifts. Aimed, when one is
+        computing, at a large account whose run is between its transactions: the edit
+        changes its inputs mid-batches."""
+        user = user or self.rng.choice(self.large_users)
+        computing = fetch_one(self.conn, COMPUTING, (self.large_users,))
+        if computing is not None and not everything:
+            user = computing["user_id"]
+            self.edits_during_compute += 1
+        known = self.sessions[user]
+        if everything:
+            lifts = list(LARGE_CATALOG)
+        elif self.rng.random() < 0.5:
+            lifts = self.rng.sample(LARGE_CATALOG, self.rng.randint(101, LARGE_EXERCISES))
+        else:
+            lifts = self.rng.sample(LARGE_CATALOG, self.rng.randint(1, 5))
+        if known and not everything and self.rng.random() < 0.1:
+            session_id = known.pop(self.rng.randrange(len(known)))
+            execute(self.conn, "SELECT delete_training_session(%s, %s)", (user, session_id))
+            return
+        if known and not everything and self.rng.random() < 0.7:
+            session_id = self.rng.choice(known)
+        else:
+            session_id = uuid.UUID(int=self.rng.getrandbits(128))
+            known.append(session_id)
+        payload = {
+            "id": str(session_id),
+            "user_id": str(user),
+            "session_date": (self.today - timedelta(days=self.rng.randint(0, 400))).isoformat(),
+            "sets": [self._set(lift) for lift in lifts],
+        }
+        execute(self.conn, "SELECT save_training_session(%s, %s)", (user, jsonb(payload)))
+
+    # -- the stats operator ----------------------------------------------------------------
+
+    def squeeze_budget(self, budget: int | None = None) -> None:
+        """The attempt cap drops (and the compute budget to `budget`, or half the time to
+        1 ms) for a while: jobs exhaust their attempts, and their ranges must stay owed."""
+        if self.squeeze_left:
+            return
+        attempts = self.rng.choice(SQUEEZED_ATTEMPTS)
+        drawn = self.rng.choice((SQUEEZED_COMPUTE_BUDGET_MS, STATS_SETTINGS["compute_budget_ms"]))
+        budget = drawn if budget is None else budget
+        execute(
+            self.conn,
+            "UPDATE stats_projection_worker_settings SET max_attempts = %s, compute_budget_ms = %s",
+            (attempts, budget),
+        )
+        self.squeezes += 1
+        self.squeeze_left = SQUEEZE_OPERATIONS
+
+    def restore_budget(self) -> None:
+        execute(
+            self.conn,
+            "UPDATE stats_projection_worker_settings SET max_attempts = %s, compute_budget_ms = %s",
+            (STATS_SETTINGS["max_attempts"], STATS_SETTINGS["compute_budget_ms"]),
+        )
+        self.squeeze_left = 0
+
+    def rebuild_everyone(self) -> None:
+        """An operator's rebuild of every user, on a connection of its own so that it
+        runs beside the writes that follow (one at a time)."""
+        if self.rebuild is not None and self.rebuild.is_alive():
+            return
+        assert self.reconnect is not None, "a rebuild needs a connection of its own"
+        reconnect = self.reconnect
+
+        def rebuild() -> None:
+            try:
+                with reconnect() as conn:
+                    processors.request_rebuild(conn, None)
+                with self.lock:
+                    self.done["rebuild_everyone"] += 1
+            except DatabaseError as exc:
+                self._refused("rebuild_everyone", exc)
+
+        self.rebuild = threading.Thread(target=rebuild, name="chaos-rebuild", daemon=True)
+        self.rebuild.start()
 
     def save_manual_pr(self) -> None:
         user = self.rng.choice(self.users)
@@ -611,11 +760,17 @@ class Workload:
             ("delete_session", self.delete_session, 3),
             ("save_manual_pr", self.save_manual_pr, 2),
             ("delete_manual_pr", self.delete_manual_pr, 1),
-            ("change_catalog", self.change_catalog, 2),
+            # A global catalog change and a rebuild request every user's whole history:
+            # they would cover (and hide) a dropped range within seconds if frequent.
+            ("change_catalog", self.change_catalog, 0.6),
             ("provider_fault", self.provider_fault, 3),
             ("edit_key", self.edit_key, 1),
             ("edit_language", self.edit_language, 1),
             ("edit_stats_settings", self.edit_stats_settings, 1),
+            ("save_large", self.save_large, 4),
+            ("delete_all_sessions", self.delete_all_sessions, 0.3),
+            ("squeeze_budget", self.squeeze_budget, 0.2),
+            ("rebuild_everyone", self.rebuild_everyone, 0.1),
             ("auth_backlog", self.auth_backlog, 0.1),
             ("delete_library", self.delete_library, 1),
             ("delete_server", self.delete_server, 0.3),
@@ -637,11 +792,19 @@ class Workload:
         ops = self.operations()
         name, apply, _ = self.rng.choices(ops, weights=[w for *_, w in ops])[0]
         self.apply(name, apply)
+        self.tick()
+        return name
+
+    def tick(self) -> None:
+        """One operation has passed: a storm or a budget squeeze may be over."""
         if self.storm_left:
             self.storm_left -= 1
             if not self.storm_left:
                 self.end_storm()
-        return name
+        if self.squeeze_left:
+            self.squeeze_left -= 1
+            if not self.squeeze_left:
+                self.apply("restore_budget", self.restore_budget)
 
     def apply(self, name: str, apply: Callable[[], None]) -> None:
         if self.conn.closed and self.reconnect is not None:
@@ -652,25 +815,34 @@ class Workload:
                 return
         try:
             apply()
-            self.done[name] += 1
+            with self.lock:
+                self.done[name] += 1
         except DatabaseError as exc:
-            self.refused[name] += 1
-            if not refusal_expected(exc):
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                self.unexpected[f"{name} [{exc.sqlstate or '-'}]: {first}"] += 1
+            self._refused(name, exc)
             if isinstance(exc, DatabaseUnavailable) and self.reconnect is not None:
                 self.conn.close()
                 if self.writer is not None:
                     self.writer.close()
 
+    def _refused(self, name: str, exc: DatabaseError) -> None:
+        with self.lock:
+            self.refused[name] += 1
+            if not refusal_expected(exc):
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                self.unexpected[f"{name} [{exc.sqlstate or '-'}]: {first}"] += 1
+
     def settle(self) -> None:
-        """Before quiescence: faults off and the right key, so every case can resolve."""
+        """Before quiescence: faults off, the right key and the stats budgets restored
+        (the rebuild in flight finishes first), so every case and range can resolve."""
         self.end_storm()
         self.standin.clear_fault()
+        if self.rebuild is not None:
+            self.rebuild.join()
         if self.writer is not None:
             self.writer.close()
         if self.conn.closed and self.reconnect is not None:
             self.conn = self.reconnect()
+        self.restore_budget()
         execute(
             self.conn,
             "UPDATE provider_settings SET api_key = %s, active = true WHERE provider = 'tmdb'",

@@ -468,7 +468,7 @@ def test_a_stats_publication_begun_after_its_lease_is_seen(conn: Connection) -> 
             (late.run_id,),
         )
     assert invariants.no_lost_claim_acknowledged(conn) == [
-        f"stats run {late.run_id}: published by its worker after the lease ended"
+        f"stats run {late.run_id}: published by its worker after the lease ended (process None)"
     ]
 
 

@@ -60,6 +60,8 @@ def test_bounded_chaos_run_converges(chaos_server: Server) -> None:
     assert sum(report.terminations.values()) > 0
     assert report.restarts == (1 if chaos_server.restartable else 0)
     assert report.audit["profile_acks"] > 0 and report.audit["stats_publications"] > 0
+    assert report.audit["stats_batched_publications"] > 0 and report.squeezes >= 1
+    assert report.operations["save_large"] > 0 and report.operations["rebuild_everyone"] > 0
     assert report.audit["wakeup_batches"] >= 2 and report.audit["verifications"] > 0
     if daemon:
         assert report.audit["profile_acks_by_dagster"] > 0

@@ -9,17 +9,29 @@ import time
 from collections.abc import Iterator
 from datetime import date
 from functools import partial
+from pathlib import Path
 
 import httpx
 import pytest
 
 from chaos import invariants
-from chaos.config import BACKLOG_LIBRARIES, STORM_ITEMS
+from chaos.config import (
+    BACKLOG_LIBRARIES,
+    LARGE_EXERCISES,
+    SQUEEZE_OPERATIONS,
+    SQUEEZED_ATTEMPTS,
+    STATS_SETTINGS,
+    STORM_ITEMS,
+)
 from chaos.workload import Workload, drop_writer_role
 from inventory_pipeline.db import Connection, connect, execute, fetch_all, fetch_one
 from inventory_pipeline.db.connection import database_name
 from inventory_pipeline.provider.standin import StandIn
+from inventory_pipeline.stats import processors
+from inventory_pipeline.stats import service as stats_service
+from inventory_pipeline.stats.models import BATCH_SIZE
 from tests import factories as f
+from tests import stats_factories as sf
 
 
 @pytest.fixture
@@ -153,3 +165,103 @@ def test_deleted_libraries_and_servers_come_back_under_their_names(
     assert {r["id"] for r in before}.isdisjoint({r["id"] for r in after})
     servers = fetch_all(conn, "SELECT name FROM media_servers")
     assert [r["name"] for r in servers] == ["home"]
+
+
+# -- the stats side ----------------------------------------------------------------------
+
+
+def _drain(conn: Connection) -> None:
+    while processors.drain(conn, "test").rounds:
+        pass
+
+
+def test_large_accounts_compute_in_batches_and_edits_find_their_runs(
+    workload: Workload, conn: Connection
+) -> None:
+    """An account past one compute batch publishes through the batched path; an edit
+    drawn while one of its runs computes is aimed at that account."""
+    workload.setup_training(users=1, large_users=2)
+    execute(conn, (Path(invariants.__file__).with_name("audit.sql")).read_text())
+    first, second = workload.large_users
+    candidates = fetch_one(
+        conn,
+        "SELECT count(DISTINCT exercise_id) AS n FROM training_sets t"
+        " JOIN training_sessions s ON s.id = t.session_id WHERE s.user_id = %s",
+        (first,),
+    )
+    assert candidates is not None and candidates["n"] == LARGE_EXERCISES > BATCH_SIZE
+    _drain(conn)
+    rows = fetch_all(conn, "SELECT user_id, mode FROM chaos_stats_publications")
+    assert {(r["user_id"], r["mode"]) for r in rows} >= {(first, "batched"), (second, "batched")}
+    execute(conn, "SELECT request_stats_refresh(%s, NULL, '{}', 'test')", (second,))
+    claim = stats_service.claim(conn, "test")
+    assert claim is not None and claim.user_id == second
+    assert stats_service.compute(conn, claim).status == "batch_pending"
+    before = sf.versions(conn, second)[0]
+    for _ in range(5):
+        workload.save_large()
+    assert workload.edits_during_compute == 5
+    assert sf.versions(conn, second)[0] == before + 5
+
+
+def _draws_one_ms(seed: int) -> bool:
+    rng = random.Random(seed)
+    rng.choice(SQUEEZED_ATTEMPTS)
+    return rng.choice((1, STATS_SETTINGS["compute_budget_ms"])) == 1
+
+
+def test_a_squeeze_exhausts_attempts_and_is_restored(workload: Workload, conn: Connection) -> None:
+    workload.setup_training(users=1, large_users=0)
+    # A seed whose squeeze draws the 1 ms compute budget.
+    workload.rng = random.Random(next(n for n in range(100) if _draws_one_ms(n)))
+    workload.squeeze_budget()
+    row = fetch_one(
+        conn, "SELECT max_attempts, compute_budget_ms FROM stats_projection_worker_settings"
+    )
+    assert row is not None
+    assert row["max_attempts"] in SQUEEZED_ATTEMPTS and row["compute_budget_ms"] == 1
+    assert workload.squeeze_left == SQUEEZE_OPERATIONS
+    for _ in range(row["max_attempts"] + 1):
+        claim = stats_service.claim(conn, "test")
+        if claim is not None:
+            stats_service.compute(conn, claim)
+        execute(
+            conn,
+            "UPDATE user_stats_projection_runs SET retry_not_before = now()"
+            " WHERE retry_not_before IS NOT NULL AND phase = 'claimed'",
+        )
+    assert fetch_all(conn, "SELECT 1 FROM user_exercise_stats_refresh_jobs WHERE status = 'failed'")
+    for _ in range(SQUEEZE_OPERATIONS):
+        workload.tick()
+    row = fetch_one(
+        conn, "SELECT max_attempts, compute_budget_ms FROM stats_projection_worker_settings"
+    )
+    assert row is not None and workload.squeeze_left == 0
+    assert (row["max_attempts"], row["compute_budget_ms"]) == (
+        STATS_SETTINGS["max_attempts"],
+        STATS_SETTINGS["compute_budget_ms"],
+    )
+
+
+def test_an_emptied_user_keeps_no_session_and_the_rebuild_runs_beside_the_writes(
+    workload: Workload, conn: Connection
+) -> None:
+    workload.setup_training(users=3, large_users=0)
+    emptied = workload.users[0]
+    workload.empty_user()
+    workload.rebuild_everyone()
+    for _ in range(40):
+        workload.save_session()
+    workload.settle()
+    assert workload.done["rebuild_everyone"] == 1
+    row = fetch_one(
+        conn, "SELECT count(*) AS n FROM training_sessions WHERE user_id = %s", (emptied,)
+    )
+    assert row is not None and row["n"] == 0
+    assert emptied in invariants.stats_users(conn)
+    jobs = fetch_all(
+        conn,
+        "SELECT DISTINCT user_id FROM user_exercise_stats_refresh_jobs"
+        " WHERE reason LIKE '%%analyst rebuild%%'",
+    )
+    assert {r["user_id"] for r in jobs} >= set(workload.users) - {emptied}
