@@ -462,6 +462,7 @@ $$;
 REVOKE ALL ON FUNCTION
     stats_merge_from_date(date, date),
     stats_merge_exercise_ids(text[], text[]),
+    stats_owe_range(uuid, date, text[], bigint),
     stats_owe_failed_range(),
     stats_run_is_active(text, timestamptz, timestamptz),
     stats_caller_is_application(),
