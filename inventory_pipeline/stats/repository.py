@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import date, datetime
 from typing import Any
 from uuid import UUID
@@ -13,16 +13,8 @@ from inventory_pipeline.stats.models import RunState, StatsClaim, WorkerSettings
 
 QUERIES = load_queries("inventory_pipeline.stats")
 
-_SETTINGS = (
-    "claim_budget_ms",
-    "compute_budget_ms",
-    "publish_budget_ms",
-    "lease_seconds",
-    "active_lease_cap",
-    "max_attempts",
-    "retry_backoff_seconds",
-    "paused",
-)
+# The settings row's columns, named as the settings type names them.
+_SETTINGS = tuple(f.name for f in fields(WorkerSettings))
 
 
 def _one(conn: Connection, name: str, params: dict[str, Any] | None = None) -> Row:

@@ -4,6 +4,7 @@ Dagster control job both call these."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from inventory_pipeline.db import Connection, DatabaseError, transaction
@@ -11,15 +12,8 @@ from inventory_pipeline.stats import repository as repo
 from inventory_pipeline.stats.models import CHECK_VIOLATION, RetryOutcome, WorkerSettings
 
 NUMERIC_OUT_OF_RANGE = "22003"
-SETTING_NAMES = (
-    "claim_budget_ms",
-    "compute_budget_ms",
-    "publish_budget_ms",
-    "lease_seconds",
-    "active_lease_cap",
-    "max_attempts",
-    "retry_backoff_seconds",
-)
+# What an operator may change: every setting but the pause (pause and resume do that).
+SETTING_NAMES = tuple(f.name for f in fields(WorkerSettings) if f.name != "paused")
 
 
 class RunbookError(ValueError):
