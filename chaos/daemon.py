@@ -61,20 +61,21 @@ class Daemon:
             create_database(admin, self.database)
         self.home.mkdir(parents=True)
         prepare_dagster_home(Settings.from_env({}), {"DAGSTER_HOME": str(self.home)})
-        stops = [
-            subprocess.Popen(
+        # One after the other: the first command creates Dagster's schema in the empty
+        # storage database, and two creating it at once collide ("type event_logs
+        # already exists").
+        for name in DAEMON_STOPPED_SENSORS:
+            stop = subprocess.run(
                 [sys.executable, "-m", "dagster", "sensor", "stop", name, *CODE],
                 cwd=ROOT,
                 env=self.env,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
+                timeout=SENSOR_STOP_TIMEOUT_SECONDS,
+                check=False,
             )
-            for name in DAEMON_STOPPED_SENSORS
-        ]
-        for stop in stops:
-            _, err = stop.communicate(timeout=SENSOR_STOP_TIMEOUT_SECONDS)
             if stop.returncode != 0:
-                raise RuntimeError(f"cannot stop a sensor: {err.decode()[-400:]}")
+                raise RuntimeError(f"cannot stop a sensor: {stop.stderr.decode()[-400:]}")
         with self.log.open("ab") as log:
             self.process = start_dagster(
                 [*DAEMON_COMMAND, "run", *CODE],
