@@ -805,14 +805,16 @@ SET cursor = %(cursor)s::uuid,
 WHERE id = 1;
 
 -- name: stale_users
--- The backfill scanner's signals for one page of users: a range owed by a failed job,
--- sessions without rollups, rollups without period stats, rollups newer than period
--- stats, and PR snapshot gaps (the applied generation has no window for today). Users
--- with open work are left to it (its claim takes in an owed range).
+-- The backfill scanner's signals for one page of users: a range owed by a failed job
+-- whose last failure is an hour old (a range that keeps failing is retried hourly, never
+-- in a loop), sessions without rollups, rollups without period stats, rollups newer
+-- than period stats, and PR snapshot gaps (the applied generation has no window for
+-- today). Users with open work are left to it (its claim takes in an owed range).
 SELECT user_id, min(signal) AS signal FROM (
     SELECT o.user_id, 'owed range' AS signal
     FROM user_stats_owed_ranges o
     WHERE o.user_id = ANY (%(user_ids)s::uuid[])
+      AND o.updated_at <= now() - interval '1 hour'
     UNION ALL
     SELECT DISTINCT s.user_id, 'sessions without rollups'
     FROM training_sessions s

@@ -154,14 +154,17 @@ def test_a_claim_that_exhausts_owes_its_range(conn: Connection, user: uuid.UUID)
 
 
 def test_scanner_requests_an_owed_range(conn: Connection, db_url: str, user: uuid.UUID) -> None:
-    """With no later write for the user, the backfill scanner finds the owed range and
-    requests a generation whose claim takes it in."""
+    """With no later write for the user, the backfill scanner finds the owed range an
+    hour after its last failure and requests a generation whose claim takes it in."""
     execute(conn, "SELECT set_config('inventory.stats_today', %s, false)", (D2.isoformat(),))
     sf.save(conn, user, D1 - timedelta(days=1), sf.sets(("bench", 80, 5)))
     processors.drain(conn, "test")
     sf.save(conn, user, D1, sf.sets(("squat", 100, 5)))
     assert exhaust_squeezed(conn, db_url, claim(conn))[-1] == "failed"
     assert len(owed(conn)) == 1
+    # A range that just failed waits an hour: a range that keeps failing is no loop.
+    assert maintenance.scan(conn).stale == ()
+    execute(conn, "UPDATE user_stats_owed_ranges SET updated_at = now() - interval '61 minutes'")
     found = maintenance.scan(conn)
     assert found.stale == ((user, "owed range"),)
     processors.drain(conn, "test")
