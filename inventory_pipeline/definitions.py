@@ -1,20 +1,61 @@
-"""The code location: builds Definitions from defs/* (nothing else here)."""
+"""The code location: builds Definitions from defs/* (nothing else here).
+
+Resources are bound here, once: settings from the environment through `dg.EnvVar`
+(see `defs/resources.py`); settings shared at runtime live in the database.
+"""
 
 from __future__ import annotations
 
+import warnings
+
 import dagster as dg
 
-from inventory_pipeline.defs import credentials, observation, profiles, stats, stats_maintenance
-from inventory_pipeline.defs.resources import inventory_database
+# Filtered before defs/* is imported, where these definitions are built; each filter
+# names one category and message exactly, so any other Beta/Preview warning still shows.
+# A partitioned check is the one way to keep a status per library partition.
+warnings.filterwarnings(
+    "ignore",
+    message=r"Specifying a partitions_def on an AssetCheckSpec is currently in preview",
+    category=dg.PreviewWarning,
+)
+# A single-run backfill policy turns a backfill of many libraries into one run that
+# claims them one at a time under leases, instead of one run per partition.
+warnings.filterwarnings(
+    "ignore",
+    message=r"Parameter `backfill_policy` of function `asset` is currently in beta",
+    category=dg.BetaWarning,
+)
+# Dagster's own SensorDefinition.with_attributes passes `owners=[]` (not None) when it
+# binds a sensor to its resolved job, so every sensor trips this; no sensor sets owners.
+warnings.filterwarnings(
+    "ignore",
+    message=r"Parameter `owners` of initializer `SensorDefinition.__init__` is currently in beta",
+    category=dg.BetaWarning,
+)
+
+from inventory_pipeline.defs import (  # noqa: E402  (after the filters above)
+    credentials,
+    observation,
+    profiles,
+    stats,
+    stats_maintenance,
+)
+from inventory_pipeline.defs.resources import inventory_database, tmdb_resource  # noqa: E402
 
 defs = dg.Definitions(
     assets=[
         profiles.library_profile,
         observation.provider_observations,
+        credentials.tmdb_credential,
         stats.exercise_stats,
         stats.period_stats,
+        stats.pr_overview,
     ],
-    asset_checks=[profiles.library_profile_current, observation.recovery_cases_on_time],
+    asset_checks=[
+        profiles.library_profile_current,
+        observation.recovery_cases_on_time,
+        credentials.tmdb_key_verified,
+    ],
     jobs=[
         profiles.library_profile_refresh,
         profiles.profile_request_compaction,
@@ -29,7 +70,8 @@ defs = dg.Definitions(
         observation.provider_observation_sensor,
         credentials.credential_wakeup_sensor,
         stats.stats_refresh_sensor,
+        *stats_maintenance.maintenance_sensors,
     ],
     schedules=[profiles.compaction_schedule, *stats_maintenance.maintenance_schedules],
-    resources={"inventory_db": inventory_database()},
+    resources={"inventory_db": inventory_database(), "tmdb": tmdb_resource()},
 )

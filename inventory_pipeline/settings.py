@@ -31,6 +31,13 @@ class SettingsError(ValueError):
     """The configuration is invalid."""
 
 
+def checked_positive(name: str, value: int) -> int:
+    """A count or duration must be positive; `name` is the variable a user sets."""
+    if value <= 0:
+        raise SettingsError(f"{name} must be positive, got {value}")
+    return value
+
+
 def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name)
     if raw is None or raw == "":
@@ -39,9 +46,17 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
         value = int(raw)
     except ValueError:
         raise SettingsError(f"{name} must be a whole number, got {raw!r}") from None
-    if value <= 0:
-        raise SettingsError(f"{name} must be positive, got {value}")
-    return value
+    return checked_positive(name, value)
+
+
+def checked_policy(values: Mapping[str, int]) -> RefreshPolicy:
+    """A refresh policy from its field values: each positive, the lease at least 10 s."""
+    policy = RefreshPolicy(
+        **{name: checked_positive(POLICY_ENV[name], values[name]) for name in POLICY_ENV}
+    )
+    if policy.lease_seconds < 10:
+        raise SettingsError(f"{POLICY_ENV['lease_seconds']} must be at least 10 seconds")
+    return policy
 
 
 def _base_url(value: str) -> str:
@@ -51,6 +66,25 @@ def _base_url(value: str) -> str:
         return validate_base_url(value)
     except ProviderConfigError as exc:
         raise SettingsError(f"{TMDB_BASE_URL}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class TmdbSettings:
+    """Where and how fast TMDb is asked (the key and language live in the database)."""
+
+    base_url: str = DEFAULT_TMDB_BASE_URL
+    rate: int = 40
+    workers: int = 8
+    max_items: int = 2000
+
+
+def checked_tmdb(base_url: str, rate: int, workers: int, max_items: int) -> TmdbSettings:
+    return TmdbSettings(
+        base_url=_base_url(base_url),
+        rate=checked_positive(TMDB_RATE, rate),
+        workers=checked_positive(OBSERVATION_WORKERS, workers),
+        max_items=checked_positive(OBSERVATION_MAX_ITEMS, max_items),
+    )
 
 
 @dataclass(frozen=True)
@@ -69,14 +103,12 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
         defaults = RefreshPolicy()
-        policy = RefreshPolicy(
-            **{
+        policy = checked_policy(
+            {
                 name: _positive_int(env, var, getattr(defaults, name))
                 for name, var in POLICY_ENV.items()
             }
         )
-        if policy.lease_seconds < 10:
-            raise SettingsError(f"{POLICY_ENV['lease_seconds']} must be at least 10 seconds")
         database_url = env.get(DATABASE_URL) or None
         if database_url is not None:
             from inventory_pipeline.db.connection import validate_url

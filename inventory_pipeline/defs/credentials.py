@@ -1,4 +1,4 @@
-"""Dagster surface of verified credential wakeups (seed 004).
+"""Dagster surface of verified credential wakeups (README "Verified credential wakeups").
 
 Only authentication cases are woken; other failure categories keep their cooldowns
 (a 404 needs identity evidence, throttling needs time).
@@ -7,29 +7,94 @@ Only authentication cases are woken; other failure categories keep their cooldow
 # No `from __future__ import annotations`: Dagster reads these signatures at definition
 # time and compares the context annotation to real classes.
 
+from typing import Any
+
 import dagster as dg
 
 from inventory_pipeline.credentials import service
-from inventory_pipeline.credentials.models import short
+from inventory_pipeline.credentials.models import WakeupStatus, short
 from inventory_pipeline.db import DatabaseError
-from inventory_pipeline.defs.resources import InventoryDatabase, run_in_flight
-from inventory_pipeline.settings import Settings
+from inventory_pipeline.defs.resources import (
+    InventoryDatabase,
+    TmdbResource,
+    latest_materialization,
+    run_in_flight,
+)
 
 QUEUE_TAG = "inventory_pipeline/queue"
 WAKEUP_QUEUE = "credential_wakeup"
+CREDENTIAL = dg.AssetKey("tmdb_credential")
+KEY_CHECK = "tmdb_key_verified"
+PROBE_FAILURES = ("auth", "throttled", "transient", "invalid_response")
+
+tmdb_credential = dg.AssetSpec(
+    CREDENTIAL,
+    description="The TMDb key saved in the database (`inventory-pipeline tmdb-key`): each "
+    "verification of its current generation is a materialization; the key itself is "
+    "never shown.",
+)
+
+
+def key_check(
+    status: WakeupStatus | None, probe: str | None
+) -> tuple[bool, dg.AssetCheckSeverity, str, dict[str, Any]]:
+    """Passed, severity, description and metadata of `tmdb_key_verified`: red when no key
+    is usable or TMDb rejected the current generation, a warning while a verification
+    could not complete or authentication cases wait on an unverified key."""
+    error, warn = dg.AssetCheckSeverity.ERROR, dg.AssetCheckSeverity.WARN
+    if status is None or not status.usable:
+        return False, error, "no active TMDb key is saved (inventory-pipeline tmdb-key)", {}
+    generation = short(status.generation)
+    metadata: dict[str, dg.RawMetadataValue] = {
+        "generation": generation,
+        "verified": status.verified,
+        "auth_cases": status.auth_cases,
+        "last_outcome": status.last_outcome or "-",
+    }
+    if status.verified:
+        return True, error, f"TMDb accepted key generation {generation}", metadata
+    if probe == "auth":
+        return False, error, f"TMDb rejected key generation {generation} (HTTP 401)", metadata
+    if probe is not None and probe in PROBE_FAILURES:
+        when = status.next_probe_at.isoformat(timespec="seconds") if status.next_probe_at else "-"
+        return (
+            False,
+            warn,
+            f"verification of key generation {generation} could not complete "
+            f"({probe}); next probe {when}",
+            metadata,
+        )
+    if status.auth_cases:
+        return (
+            False,
+            warn,
+            f"key generation {generation} is not verified; {status.auth_cases} "
+            "authentication cases wait for it",
+            metadata,
+        )
+    return (
+        True,
+        error,
+        f"key generation {generation}: no authentication case needs a probe",
+        metadata,
+    )
 
 
 @dg.op(tags={QUEUE_TAG: WAKEUP_QUEUE})
 def wake_authentication_cases(
-    context: dg.OpExecutionContext, inventory_db: InventoryDatabase
-) -> dg.Output[int]:
-    """Verify the current generation if needed, then release one bounded batch."""
+    context: dg.OpExecutionContext, inventory_db: InventoryDatabase, tmdb: TmdbResource
+) -> dg.Output[str]:
+    """Verify the current generation if needed, then release one bounded batch. A failed
+    verification is a warning in the run. The output is this run's verification outcome
+    ("not needed", "superseded" or a probe outcome) for the key check."""
     metadata: dict[str, dg.RawMetadataValue] = {"verification": "not needed", "released": 0}
+    probe = None
+    status = None
     with inventory_db.connection() as conn:
         try:
             status = service.status(conn)
             if status is not None and status.wants_probe:
-                with service.probe_client(Settings.from_env().tmdb_base_url) as client:
+                with service.probe_client(tmdb.settings().base_url) as client:
                     probe = service.verify(conn, client)
                 if probe is not None:
                     metadata["verification"] = probe.outcome if probe.accepted else "superseded"
@@ -47,17 +112,51 @@ def wake_authentication_cases(
             # This path is an accelerator: ordinary observation keeps working without it.
             context.log.warning(f"credential wakeup skipped: {type(exc).__name__}")
             metadata["error"] = type(exc).__name__
-    released = metadata["released"]
-    return dg.Output(released if isinstance(released, int) else 0, metadata=metadata)
+            status = None
+    if probe is not None and probe.accepted:
+        passed, _, description, check_metadata = key_check(status, probe.outcome)
+        if not passed:
+            context.log.warning(description)
+        context.log_event(
+            dg.AssetMaterialization(
+                asset_key=CREDENTIAL,
+                description=description,
+                metadata={"verification": probe.outcome, **check_metadata},
+            )
+        )
+    return dg.Output(str(metadata["verification"]), metadata=metadata)
+
+
+@dg.op(tags={QUEUE_TAG: WAKEUP_QUEUE})
+def evaluate_key_check(
+    context: dg.OpExecutionContext, inventory_db: InventoryDatabase, verification: str
+) -> None:
+    """Evaluate `tmdb_key_verified` after every wakeup run, as the database holds the
+    key's verification now, against the credential's latest materialization."""
+    with inventory_db.connection() as conn:
+        status = service.status(conn)
+    passed, severity, description, metadata = key_check(status, verification)
+    context.log_event(
+        dg.AssetCheckEvaluation(  # type: ignore[arg-type]
+            asset_key=CREDENTIAL,
+            check_name=KEY_CHECK,
+            passed=passed,
+            severity=severity,
+            description=description,
+            metadata=metadata,
+            target_materialization_data=latest_materialization(context.instance, CREDENTIAL),
+        )
+    )
 
 
 @dg.job(
     executor_def=dg.in_process_executor,
     tags={QUEUE_TAG: WAKEUP_QUEUE},
-    description="Verify a saved TMDb key once and release waiting authentication cases.",
+    description="Verify a saved TMDb key once and release waiting authentication cases, "
+    "then evaluate the key check.",
 )
 def credential_wakeup() -> None:
-    wake_authentication_cases()
+    evaluate_key_check(wake_authentication_cases())
 
 
 @dg.sensor(
@@ -88,4 +187,19 @@ def credential_wakeup_sensor(
     return dg.RunRequest(
         run_key=f"wakeup-{short(status.generation)}-{launch}",
         tags={"inventory_pipeline/generation": short(status.generation)},
+    )
+
+
+@dg.asset_check(
+    asset=CREDENTIAL,
+    name=KEY_CHECK,
+    description="An active TMDb key is saved and TMDb has not rejected it; a warning "
+    "while authentication cases wait on an unverified key.",
+)
+def tmdb_key_verified(inventory_db: InventoryDatabase) -> dg.AssetCheckResult:
+    with inventory_db.connection() as conn:
+        status = service.status(conn)
+    passed, severity, description, metadata = key_check(status, None)
+    return dg.AssetCheckResult(
+        passed=passed, severity=severity, description=description, metadata=metadata
     )

@@ -1,4 +1,4 @@
-"""Dagster surface of provider observation and recovery (seed 003).
+"""Dagster surface of provider observation and recovery (docs: README "Provider observation").
 
 The sensor only counts due items; the job claims items itself, so a duplicated, killed
 or hand-launched run is harmless: claims are compare-and-set with leases, completions
@@ -9,22 +9,28 @@ are guarded by lease token and source generation.
 # time and compares the context annotation to real classes.
 
 import json
+from typing import Any
 
 import dagster as dg
 
-from inventory_pipeline.db import connect
-from inventory_pipeline.defs.resources import InventoryDatabase, run_in_flight
+from inventory_pipeline.db import Connection, connect
+from inventory_pipeline.defs.resources import (
+    InventoryDatabase,
+    TmdbResource,
+    latest_materialization,
+    run_in_flight,
+)
 from inventory_pipeline.provider import admission
 from inventory_pipeline.provider.tmdb import TmdbClient
 from inventory_pipeline.recovery import service
-from inventory_pipeline.recovery.models import ObservationResult
+from inventory_pipeline.recovery.models import CaseAge, ObservationResult
 from inventory_pipeline.recovery.policy import RetryPolicy
-from inventory_pipeline.settings import Settings
 
 OBSERVATIONS = dg.AssetKey("provider_observations")
 QUEUE_TAG = "inventory_pipeline/queue"
 OBSERVATION_QUEUE = "provider_observation"
 OVERDUE_GRACE_SECONDS = 900
+RECOVERY_CHECK = "recovery_cases_on_time"
 
 provider_observations = dg.AssetSpec(
     OBSERVATIONS,
@@ -33,13 +39,40 @@ provider_observations = dg.AssetSpec(
 )
 
 
+def case_table(ages: list[CaseAge]) -> dg.TableMetadataValue:
+    """Open cases by category: count, age of the oldest (minutes) and how many are due."""
+    return dg.MetadataValue.table(
+        records=[
+            dg.TableRecord(
+                {
+                    "category": a.category,
+                    "open": a.open_cases,
+                    "oldest_age_minutes": a.oldest_age_seconds // 60,
+                    "due_now": a.due_now,
+                }
+            )
+            for a in ages
+        ],
+        schema=dg.TableSchema(
+            columns=[
+                dg.TableColumn("category", "string"),
+                dg.TableColumn("open", "int"),
+                dg.TableColumn("oldest_age_minutes", "int"),
+                dg.TableColumn("due_now", "int"),
+            ]
+        ),
+    )
+
+
 @dg.op(tags={QUEUE_TAG: OBSERVATION_QUEUE})
 def observe_provider_items(
-    context: dg.OpExecutionContext, inventory_db: InventoryDatabase
+    context: dg.OpExecutionContext, inventory_db: InventoryDatabase, tmdb: TmdbResource
 ) -> dg.Output[int]:
-    settings = Settings.from_env()
+    """Observe due items, warn on each new case or changed cause, and materialize the
+    standing view of open cases as the database holds it after the run."""
+    settings = tmdb.settings()
     with inventory_db.connection() as conn:
-        admission.set_rate(conn, settings.tmdb_rate)
+        admission.set_rate(conn, settings.rate)
 
     def report(result: ObservationResult) -> None:
         # Warnings only after commit, on a new case or a changed cause; one informational
@@ -50,16 +83,21 @@ def observe_provider_items(
             level, message = notice
             (context.log.warning if level == "warning" else context.log.info)(message)
 
-    with TmdbClient(settings.tmdb_base_url) as client:
+    with TmdbClient(settings.base_url) as client:
         summary = service.observe(
             lambda: connect(inventory_db.url, application_name="inventory_pipeline.observer"),
             client,
             RetryPolicy(),
-            max_items=settings.observation_max_items,
-            workers=settings.observation_workers,
+            max_items=settings.max_items,
+            workers=settings.workers,
             on_result=report,
         )
+    with inventory_db.connection() as conn:
+        ages = service.case_ages(conn)
     metadata: dict[str, dg.RawMetadataValue] = {
+        "open_cases": case_table(ages),
+        "open_cases_total": sum(a.open_cases for a in ages),
+        "due_now": sum(a.due_now for a in ages),
         "items": len(summary.results),
         "observed": summary.observed,
         "by_category": dg.MetadataValue.json(summary.by_category),
@@ -67,16 +105,61 @@ def observe_provider_items(
         "cases_resolved": summary.resolved,
     }
     context.log_event(dg.AssetMaterialization(asset_key=OBSERVATIONS, metadata=metadata))
-    return dg.Output(summary.observed, metadata=metadata)
+    return dg.Output(summary.observed, metadata={k: metadata[k] for k in ("items", "observed")})
+
+
+def recovery_check_result(
+    conn: Connection,
+) -> tuple[bool, str | None, dict[str, Any]]:
+    """Passed, the description of a failure, and metadata: no open case past its
+    deadline by more than the grace without an attempt."""
+    overdue = service.overdue_cases(conn, OVERDUE_GRACE_SECONDS)
+    ages = service.case_ages(conn)
+    metadata: dict[str, dg.RawMetadataValue] = {
+        "overdue": len(overdue),
+        "oldest_due": overdue[0].due_at.isoformat() if overdue else "-",
+        "open_cases": case_table(ages),
+        "overdue_items": json.dumps([c.item_id for c in overdue[:20]]),
+    }
+    description = None
+    if overdue:
+        description = (
+            f"{len(overdue)} open recovery cases are more than {OVERDUE_GRACE_SECONDS // 60} "
+            f"minutes past their retry deadline without an attempt (oldest due "
+            f"{overdue[0].due_at.isoformat(timespec='seconds')}): observation is not keeping up"
+        )
+    return not overdue, description, metadata
+
+
+@dg.op(tags={QUEUE_TAG: OBSERVATION_QUEUE})
+def evaluate_recovery_cases(
+    context: dg.OpExecutionContext, inventory_db: InventoryDatabase, observed: int
+) -> None:
+    """Evaluate `recovery_cases_on_time` after every observation run, against the
+    materialization the run just recorded, so the check's status is current."""
+    with inventory_db.connection() as conn:
+        passed, description, metadata = recovery_check_result(conn)
+    if not passed and description is not None:
+        context.log.warning(description)
+    context.log_event(
+        dg.AssetCheckEvaluation(  # type: ignore[arg-type]
+            asset_key=OBSERVATIONS,
+            check_name=RECOVERY_CHECK,
+            passed=passed,
+            metadata=metadata,
+            description=description,
+            target_materialization_data=latest_materialization(context.instance, OBSERVATIONS),
+        )
+    )
 
 
 @dg.job(
     executor_def=dg.in_process_executor,
     tags={QUEUE_TAG: OBSERVATION_QUEUE},
-    description="Claim due items and observe them against TMDb.",
+    description="Claim due items and observe them against TMDb, then evaluate the recovery check.",
 )
 def provider_observation() -> None:
-    observe_provider_items()
+    evaluate_recovery_cases(observe_provider_items())
 
 
 @dg.sensor(
@@ -110,18 +193,10 @@ def provider_observation_sensor(
 
 @dg.asset_check(
     asset=OBSERVATIONS,
+    name=RECOVERY_CHECK,
     description="No open recovery case is past its retry deadline without an attempt.",
 )
 def recovery_cases_on_time(inventory_db: InventoryDatabase) -> dg.AssetCheckResult:
     with inventory_db.connection() as conn:
-        overdue = service.overdue_cases(conn, OVERDUE_GRACE_SECONDS)
-        open_cases = service.case_overview(conn)
-    return dg.AssetCheckResult(
-        passed=not overdue,
-        metadata={
-            "overdue": len(overdue),
-            "oldest_due": overdue[0].due_at.isoformat() if overdue else "-",
-            "open_cases": dg.MetadataValue.json(open_cases),
-            "overdue_items": json.dumps([c.item_id for c in overdue[:20]]),
-        },
-    )
+        passed, description, metadata = recovery_check_result(conn)
+    return dg.AssetCheckResult(passed=passed, metadata=metadata, description=description)

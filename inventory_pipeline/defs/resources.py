@@ -1,37 +1,129 @@
-"""The database resource: the URL is read from the environment at run time, so it never
-appears in run config or event logs."""
+"""Settings as resources, read once per process and bound in `definitions.py`.
+
+Each field a user can set is bound to its environment variable with `dg.EnvVar`, so the
+value is resolved when a run or tick initializes the resource and never appears in run
+config or event logs. A variable that is unset keeps the field's default. Values are
+validated where they are used, failing the run or tick with one line (`dg.Failure`).
+
+Settings shared by every process and changed at runtime (the TMDb key and language, the
+stats worker's budgets, admission state) live in the database, not here.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import fields
 
 import dagster as dg
 
+# Public in Dagster only as a field of AssetCheckEvaluation: the type has no top-level export.
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
+
 from inventory_pipeline.db import Connection, connect
 from inventory_pipeline.profiles.models import RefreshPolicy
-from inventory_pipeline.settings import DATABASE_URL, Settings
+from inventory_pipeline.settings import (
+    DATABASE_URL,
+    DEFAULT_TMDB_BASE_URL,
+    MAX_RUNS_PER_TICK,
+    OBSERVATION_MAX_ITEMS,
+    OBSERVATION_WORKERS,
+    POLICY_ENV,
+    TMDB_BASE_URL,
+    TMDB_RATE,
+    SettingsError,
+    TmdbSettings,
+    checked_policy,
+    checked_positive,
+    checked_tmdb,
+)
+
+_POLICY_DEFAULTS = RefreshPolicy()
 
 
 class InventoryDatabase(dg.ConfigurableResource):  # type: ignore[type-arg]
-    """Connections to the application database, and the refresh policy."""
+    """Connections to the application database, and the refresh policy (each field a
+    `RefreshPolicy` field of the same name)."""
 
     url: str
+    lease_seconds: int = _POLICY_DEFAULTS.lease_seconds
+    retry_seconds: int = _POLICY_DEFAULTS.retry_seconds
+    circuit_probe_seconds: int = _POLICY_DEFAULTS.circuit_probe_seconds
+    native_max_age_seconds: int = _POLICY_DEFAULTS.native_max_age_seconds
+    planner_passes: int = _POLICY_DEFAULTS.planner_passes
+    run_claims: int = _POLICY_DEFAULTS.run_claims
+    retention_days: int = _POLICY_DEFAULTS.retention_days
+    compaction_batch: int = _POLICY_DEFAULTS.compaction_batch
+    runs_per_tick: int = 4
 
     @contextlib.contextmanager
-    def connection(self) -> Iterator[Connection]:
-        with connect(self.url, application_name="inventory_pipeline.dagster") as conn:
+    def connection(
+        self, application_name: str = "inventory_pipeline.dagster"
+    ) -> Iterator[Connection]:
+        with connect(self.url, application_name=application_name) as conn:
             yield conn
 
     def policy(self) -> RefreshPolicy:
-        return Settings.from_env().policy
+        """The refresh policy; an invalid value fails the run or tick in one line."""
+        values = {f.name: getattr(self, f.name) for f in fields(RefreshPolicy)}
+        try:
+            return checked_policy(values)
+        except SettingsError as exc:
+            raise dg.Failure(str(exc)) from None
 
     def max_runs_per_tick(self) -> int:
-        return Settings.from_env().max_runs_per_tick
+        try:
+            return checked_positive(MAX_RUNS_PER_TICK, self.runs_per_tick)
+        except SettingsError as exc:
+            raise dg.Failure(str(exc)) from None
 
 
-def inventory_database() -> InventoryDatabase:
-    return InventoryDatabase(url=dg.EnvVar(DATABASE_URL))
+class TmdbResource(dg.ConfigurableResource):  # type: ignore[type-arg]
+    """Where and how fast TMDb is asked. The key and language are not here: they live in
+    the database, shared by every process and changed without a restart."""
+
+    base_url: str = DEFAULT_TMDB_BASE_URL
+    rate: int = 40
+    workers: int = 8
+    max_items: int = 2000
+
+    def settings(self) -> TmdbSettings:
+        """The validated values; an invalid one fails the run in one line (a URL is
+        shown without its query, user or password)."""
+        try:
+            return checked_tmdb(self.base_url, self.rate, self.workers, self.max_items)
+        except SettingsError as exc:
+            raise dg.Failure(str(exc)) from None
+
+
+def _bound(env: Mapping[str, str], name: str, default: int) -> int:
+    """The field bound to its variable when set (resolved at run time), else the default."""
+    return dg.EnvVar.int(name) if env.get(name) else default
+
+
+def inventory_database(env: Mapping[str, str] | None = None) -> InventoryDatabase:
+    env = os.environ if env is None else env
+    policy = {
+        name: _bound(env, var, getattr(_POLICY_DEFAULTS, name)) for name, var in POLICY_ENV.items()
+    }
+    return InventoryDatabase(
+        url=dg.EnvVar(DATABASE_URL),
+        runs_per_tick=_bound(env, MAX_RUNS_PER_TICK, 4),
+        **policy,
+    )
+
+
+def tmdb_resource(env: Mapping[str, str] | None = None) -> TmdbResource:
+    env = os.environ if env is None else env
+    return TmdbResource(
+        base_url=dg.EnvVar(TMDB_BASE_URL) if env.get(TMDB_BASE_URL) else DEFAULT_TMDB_BASE_URL,
+        rate=_bound(env, TMDB_RATE, 40),
+        workers=_bound(env, OBSERVATION_WORKERS, 8),
+        max_items=_bound(env, OBSERVATION_MAX_ITEMS, 2000),
+    )
 
 
 IN_FLIGHT = [
@@ -62,3 +154,19 @@ def run_in_flight(instance: dg.DagsterInstance, job_name: str) -> bool:
         dg.RunsFilter(job_name=job_name, statuses=IN_FLIGHT), limit=1
     )
     return bool(records)
+
+
+def latest_materialization(
+    instance: dg.DagsterInstance, key: dg.AssetKey
+) -> AssetCheckEvaluationTargetMaterializationData | None:
+    """The asset's latest materialization, as the target a check evaluation refers to:
+    the UI shows a check's status against the materialization it was evaluated for."""
+    records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key), limit=1)
+    if not records.records:
+        return None
+    record = records.records[0]
+    return AssetCheckEvaluationTargetMaterializationData(
+        storage_id=record.storage_id,
+        run_id=record.run_id,
+        timestamp=record.timestamp,
+    )

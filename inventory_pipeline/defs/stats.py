@@ -9,21 +9,32 @@ what was published.
 # time and compares the context annotation to real classes.
 
 import enum
+from collections.abc import Mapping
+from typing import Any
 
 import dagster as dg
 
 from inventory_pipeline.defs.resources import InventoryDatabase, run_in_flight
-from inventory_pipeline.stats import processors, runbook
+from inventory_pipeline.stats import maintenance, processors, runbook
+from inventory_pipeline.stats.models import DrainSummary
 
 QUEUE_TAG = "inventory_pipeline/queue"
 STATS_QUEUE = "stats_drain"
 EXERCISE_STATS = dg.AssetKey("user_exercise_stats")
 PERIOD_STATS = dg.AssetKey("user_training_period_stats")
+PR_OVERVIEW = dg.AssetKey("pr_overview")
 
 exercise_stats = dg.AssetSpec(
     EXERCISE_STATS,
     description="Per user and exercise: sessions, working sets, reps, volume, heaviest "
     "weight, best estimated 1RM (Epley), first and last date.",
+)
+pr_overview = dg.AssetSpec(
+    PR_OVERVIEW,
+    description="Per user and generation: the PR overview (best estimated 1RM all time, "
+    "last 30 days, the same 30 days a year before, heaviest weight), read through "
+    "`get_pr_overview`; a drain that publishes materializes it with the generations it "
+    "published and the backlog still owed.",
 )
 period_stats = dg.AssetSpec(
     PERIOD_STATS,
@@ -32,20 +43,70 @@ period_stats = dg.AssetSpec(
 )
 
 
-@dg.op(config_schema={"max_rounds": dg.Field(int, default_value=50)}, tags={QUEUE_TAG: STATS_QUEUE})
-def drain_stats(context: dg.OpExecutionContext, inventory_db: InventoryDatabase) -> dg.Output[int]:
+class DrainConfig(dg.Config):
+    """The drain's round budget (one round: claim, compute and publish a batch)."""
+
+    max_rounds: int = 50
+
+
+PUBLISHED_ROWS = 50  # generations listed in the PR overview's table; the counts cover all
+
+
+def pr_overview_metadata(
+    summary: DrainSummary, status: Mapping[str, Any], rollover: Mapping[str, Any]
+) -> dict[str, Any]:
+    """What the PR overview asset shows after a drain published: the generations it
+    published, and the standing backlog (users stale and owed, oldest waits, rollover)."""
+    published = [
+        dg.TableRecord({"user": str(user)[:8], "generation": generation, "batches": batches})
+        for user, generation, batches in summary.published[:PUBLISHED_ROWS]
+    ]
+    return {
+        "published_generations": len(summary.published),
+        "published": dg.MetadataValue.table(
+            records=published,
+            schema=dg.TableSchema(
+                columns=[
+                    dg.TableColumn("user", "string"),
+                    dg.TableColumn("generation", "int"),
+                    dg.TableColumn("batches", "int"),
+                ]
+            ),
+        ),
+        "users_stale": int(status.get("stale_users") or 0),
+        "users_owed": int(status.get("owed_users") or 0),
+        "pending_users": int(status.get("pending_users") or 0),
+        "oldest_wait_seconds": float(status.get("oldest_wait_seconds") or 0),
+        "oldest_owed_seconds": float(status.get("oldest_owed_seconds") or 0),
+        "rollover_due": int(rollover.get("due_backlog") or 0),
+        "rollover_failing_users": int(rollover.get("failing_users") or 0),
+    }
+
+
+@dg.op(tags={QUEUE_TAG: STATS_QUEUE})
+def drain_stats(
+    context: dg.OpExecutionContext, config: DrainConfig, inventory_db: InventoryDatabase
+) -> dg.Output[int]:
     """Claim -> compute -> publish within a bounded round budget (the drain policy, one
     more pass when work arrived meanwhile, lives in the stats package)."""
-    budget = int(context.op_config["max_rounds"])
+    budget = config.max_rounds
     if budget < 1:
         raise dg.Failure(f"max_rounds must be at least 1, got {budget}")
     owner = f"dagster:{context.run_id[:8]}"
     with inventory_db.connection() as conn:
         summary = processors.drain(conn, owner, max_rounds=budget)
+        if summary.published:
+            status = processors.worker_status(conn)
+            rollover = maintenance.rollover_overview(conn)
     metadata = summary.as_metadata()
     if summary.published:
         for key in (EXERCISE_STATS, PERIOD_STATS):
             context.log_event(dg.AssetMaterialization(asset_key=key, metadata=metadata))
+        context.log_event(
+            dg.AssetMaterialization(
+                asset_key=PR_OVERVIEW, metadata=pr_overview_metadata(summary, status, rollover)
+            )
+        )
     return dg.Output(len(summary.published), metadata=metadata)
 
 

@@ -12,8 +12,9 @@ import datetime
 import uuid
 
 import dagster as dg
+import pydantic
 
-from inventory_pipeline.defs.resources import InventoryDatabase
+from inventory_pipeline.defs.resources import InventoryDatabase, run_in_flight
 from inventory_pipeline.stats import maintenance, rebuild
 
 QUEUE_TAG = "inventory_pipeline/queue"
@@ -31,13 +32,17 @@ FINISHED = [
 ]
 
 
-@dg.op(config_schema={"user_ids": dg.Field([str], default_value=[])})
-def request_stats_rebuild(
-    context: dg.OpExecutionContext, inventory_db: InventoryDatabase
-) -> dg.Output[int]:
+class RebuildConfig(dg.Config):
+    """Users to rebuild, as UUIDs; empty: every user."""
+
+    user_ids: list[str] = pydantic.Field(default_factory=list)
+
+
+@dg.op
+def request_stats_rebuild(config: RebuildConfig, inventory_db: InventoryDatabase) -> dg.Output[int]:
     """Enqueue full-history ranges for chosen users (none chosen: every user), one user
     per transaction; a rebuild a killed run left unfinished is finished first."""
-    raw = list(context.op_config["user_ids"])
+    raw = list(config.user_ids)
     try:
         users = [uuid.UUID(value) for value in raw]
     except ValueError:
@@ -135,19 +140,21 @@ def purge_run_history(
     return deleted
 
 
-@dg.op(
-    config_schema={
-        "run_batch": dg.Field(int, default_value=RUN_PURGE_BATCH),
-        "days": dg.Field(int, default_value=RUN_HISTORY_DAYS),
-    }
-)
+class RetentionConfig(dg.Config):
+    """At most `run_batch` Dagster runs deleted per run; history older than `days` goes."""
+
+    run_batch: int = RUN_PURGE_BATCH
+    days: int = RUN_HISTORY_DAYS
+
+
+@dg.op
 def prune_stats_history(
-    context: dg.OpExecutionContext, inventory_db: InventoryDatabase
+    context: dg.OpExecutionContext, config: RetentionConfig, inventory_db: InventoryDatabase
 ) -> dg.Output[int]:
     """Bounded retention of the stats job history (failed jobs and the latest job per
     user stay), then of the high-frequency stats jobs' Dagster runs."""
-    batch = int(context.op_config["run_batch"])
-    days = int(context.op_config["days"])
+    batch = config.run_batch
+    days = config.days
     if batch < 1 or days < 1:
         raise dg.Failure(f"run_batch and days must be at least 1, got {batch} and {days}")
     with inventory_db.connection() as conn:
@@ -169,13 +176,39 @@ def stats_retention() -> None:
 
 maintenance_jobs = [stats_rebuild, stats_rollover, stats_backfill_scan, stats_retention]
 
+
+@dg.sensor(
+    job=stats_rollover,
+    minimum_interval_seconds=60,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="At most once a minute, launches a rollover run when a PR overview window "
+    "is due, a catalog token is unanswered or a killed rebuild waits; otherwise skips "
+    "(no idle runs).",
+)
+def stats_rollover_sensor(
+    context: dg.SensorEvaluationContext, inventory_db: InventoryDatabase
+) -> dg.RunRequest | dg.SkipReason:
+    with inventory_db.connection() as conn:
+        due = maintenance.due(conn)
+    if not due.any:
+        return dg.SkipReason("no PR overview window, catalog token or rebuild is due")
+    if run_in_flight(context.instance, stats_rollover.name):
+        return dg.SkipReason("a rollover run is already queued or running")
+    launch = int(context.cursor or "0") + 1
+    context.update_cursor(str(launch))
+    return dg.RunRequest(
+        run_key=f"stats-rollover-{launch}",
+        tags={
+            "inventory_pipeline/rollover_users": str(due.rollover_users),
+            "inventory_pipeline/catalog_scopes": str(due.catalog_scopes),
+            "inventory_pipeline/abandoned_rebuilds": str(due.abandoned_rebuilds),
+        },
+    )
+
+
+maintenance_sensors = [stats_rollover_sensor]
+
 maintenance_schedules = [
-    dg.ScheduleDefinition(
-        job=stats_rollover,
-        cron_schedule="* * * * *",
-        default_status=dg.DefaultScheduleStatus.RUNNING,
-        description="Every minute: catalog invalidation, due PR windows, killed rebuilds.",
-    ),
     dg.ScheduleDefinition(
         job=stats_backfill_scan,
         cron_schedule="* * * * *",

@@ -6,7 +6,7 @@ allowlisted category and a bounded delay. No raw body, header, URL or key.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from typing import Literal
 
@@ -44,10 +44,14 @@ class Observation:
 
 @dataclass(frozen=True)
 class Failure:
-    """An allowlisted category and, for throttling, the bounded Retry-After delay."""
+    """An allowlisted category, for throttling the bounded Retry-After delay, and the
+    cause as a fixed label ("HTTP 5xx", "HTTP 429", "timeout", ...): never a body, URL
+    or exception message. The cause is an explanation, not part of the outcome: two
+    failures of one category and delay compare equal."""
 
     category: Category
     retry_after_seconds: int | None = None
+    cause: str | None = field(default=None, compare=False)
 
 
 FetchResult = Observation | Failure

@@ -83,18 +83,29 @@ def read_limited(chunks: Iterator[bytes], limit: int, deadline: float) -> bytes:
     return bytes(body)
 
 
+def status_cause(status: int) -> str:
+    """The HTTP status as a label: exact for the statuses TMDb gives meaning to, else
+    its class ("HTTP 5xx")."""
+    if status in (401, 403, 404, 429):
+        return f"HTTP {status}"
+    if 100 <= status <= 599:
+        return f"HTTP {status // 100}xx"
+    return "HTTP status out of range"
+
+
 def classify(status: int, raw: bytes, retry_after: int | None) -> Failure:
     """seed 003 categories from the HTTP status and TMDb's own error code."""
     code = tmdb_status_code(raw)
+    cause = status_cause(status)
     if status == 404 or code in NOT_FOUND_CODES:
-        return Failure("not_found", retry_after)
+        return Failure("not_found", retry_after, cause)
     if status == 401 or code in AUTH_CODES:
-        return Failure("auth", retry_after)
+        return Failure("auth", retry_after, cause)
     if status == 429 or code in THROTTLED_CODES:
-        return Failure("throttled", retry_after)
+        return Failure("throttled", retry_after, cause)
     if status >= 500:
-        return Failure("transient", retry_after)
-    return Failure("invalid_response", retry_after)
+        return Failure("transient", retry_after, cause)
+    return Failure("invalid_response", retry_after, cause)
 
 
 class TmdbClient:
@@ -140,7 +151,7 @@ class TmdbClient:
     ) -> tuple[int, bytes, int | None] | Failure:
         """GET a path: (status, decoded body, bounded Retry-After) or a transport Failure."""
         if not api_key:
-            return Failure("configuration")
+            return Failure("configuration", cause="no key")
         params = {"api_key": api_key}
         if language:
             params["language"] = language
@@ -156,12 +167,14 @@ class TmdbClient:
                 )
                 return response.status_code, raw, retry_after
         except BodyTooLarge:
-            return Failure("invalid_response")
+            return Failure("invalid_response", cause="body too large")
         except httpx.DecodingError:
-            return Failure("invalid_response")
-        except (httpx.HTTPError, DeadlineExceeded):
-            # Timeouts, refused or reset connections, bodies cut short: all transient.
-            return Failure("transient")
+            return Failure("invalid_response", cause="undecodable body")
+        except (httpx.TimeoutException, DeadlineExceeded):
+            return Failure("transient", cause="timeout")
+        except httpx.HTTPError:
+            # Refused or reset connections, bodies cut short: transient like a timeout.
+            return Failure("transient", cause="connection error")
 
     def fetch(
         self, kind: ProviderKind, tmdb_id: int, api_key: str | None, language: str | None = None
@@ -175,4 +188,4 @@ class TmdbClient:
         try:
             return parse_body(raw, kind, tmdb_id)
         except InvalidResponse:
-            return Failure("invalid_response")
+            return Failure("invalid_response", cause="HTTP 200, invalid body")

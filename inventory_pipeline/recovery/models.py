@@ -91,6 +91,7 @@ class ObservationResult:
     next_attempt_at: datetime | None = None
     previous_category: Category | None = None
     error: str | None = None
+    cause: str | None = None  # the provider's fixed cause label, e.g. "HTTP 5xx"
 
 
 @dataclass(frozen=True)
@@ -123,3 +124,14 @@ class OverdueCase:
     item_id: int
     category: Category
     due_at: datetime
+
+
+@dataclass(frozen=True)
+class CaseAge:
+    """Open recovery cases of one category, as the database holds them now: how many,
+    how long the oldest has been failing, and how many are due for an attempt."""
+
+    category: Category
+    open_cases: int
+    oldest_age_seconds: int
+    due_now: int

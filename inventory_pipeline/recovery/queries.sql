@@ -195,3 +195,16 @@ FROM media_server_items
 WHERE recovery_case_id IS NOT NULL AND recovery_resolved_at IS NULL
 GROUP BY recovery_category
 ORDER BY recovery_category;
+
+-- name: case_ages
+-- The standing view of open cases: per category the count, the age of the oldest
+-- (since its first failure) and how many are due for an attempt now.
+SELECT recovery_category AS category,
+       count(*) AS open_cases,
+       floor(extract(epoch FROM now() - min(recovery_first_failed_at)))::bigint
+           AS oldest_age_seconds,
+       count(*) FILTER (WHERE observation_due_at <= now()) AS due_now
+FROM media_server_items
+WHERE recovery_case_id IS NOT NULL AND recovery_resolved_at IS NULL
+GROUP BY recovery_category
+ORDER BY recovery_category;

@@ -7,7 +7,7 @@ from typing import Any
 from inventory_pipeline.db import Connection, Row, execute, fetch_all, fetch_one
 from inventory_pipeline.db.queries import load_queries
 from inventory_pipeline.provider.models import Observation
-from inventory_pipeline.recovery.models import ItemClaim, OverdueCase, ProviderSettings
+from inventory_pipeline.recovery.models import CaseAge, ItemClaim, OverdueCase, ProviderSettings
 
 QUERIES = load_queries("inventory_pipeline.recovery")
 
@@ -103,3 +103,15 @@ def overdue_cases(conn: Connection, grace_seconds: int, limit: int = 20) -> list
 
 def case_overview(conn: Connection) -> dict[str, int]:
     return {r["category"]: int(r["open_cases"]) for r in fetch_all(conn, QUERIES["case_overview"])}
+
+
+def case_ages(conn: Connection) -> list[CaseAge]:
+    return [
+        CaseAge(
+            r["category"],
+            int(r["open_cases"]),
+            int(r["oldest_age_seconds"] or 0),
+            int(r["due_now"]),
+        )
+        for r in fetch_all(conn, QUERIES["case_ages"])
+    ]

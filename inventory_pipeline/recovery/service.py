@@ -21,6 +21,7 @@ from inventory_pipeline.provider.models import Failure, FetchResult, Observation
 from inventory_pipeline.provider.tmdb import TmdbClient
 from inventory_pipeline.recovery import repository
 from inventory_pipeline.recovery.models import (
+    CaseAge,
     Deferred,
     ItemClaim,
     ObservationResult,
@@ -64,10 +65,10 @@ def fetch(
     comes back Deferred, unsent."""
     tmdb_id = claim.tmdb_id
     if tmdb_id is None:
-        return Failure("not_found")
+        return Failure("not_found", cause="no TMDb id")
     key = settings.usable_key
     if key is None:
-        return Failure("configuration")
+        return Failure("configuration", cause="no active key")
     try:
         admission.acquire(conn)
     except admission.AdmissionPaused as paused:
@@ -125,6 +126,7 @@ def complete(
         attempts=row["attempts"],
         next_attempt_at=row["observation_due_at"],
         previous_category=row["previous_category"],
+        cause=result.cause,
     )
 
 
@@ -145,7 +147,7 @@ def observe_claim(
     except DatabaseUnavailable:
         raise
     except Exception as exc:
-        recorded = complete(conn, claim, Failure("invalid_response"), policy)
+        recorded = complete(conn, claim, Failure("invalid_response", cause="unhandled"), policy)
         return replace(recorded, error=type(exc).__name__)
 
 
@@ -225,10 +227,13 @@ def notice(result: ObservationResult) -> tuple[Level, str] | None:
     """The message an attempt deserves, if any (seed 003: a warning only on a new case
     or a changed cause; one informational transition on recovery; a warning when an
     attempt could not be recorded at all). Allowlisted fields only: item id, case id,
-    category, attempts, next attempt, an exception's class name."""
+    category, the provider's cause label ("HTTP 5xx", "timeout"), attempts, next
+    attempt, an exception's class name."""
     due = result.next_attempt_at.isoformat(timespec="seconds") if result.next_attempt_at else "-"
     case = str(result.case_id)[:8] if result.case_id else "-"
-    cause = f"{result.category}, after {result.error}" if result.error else result.category
+    cause = f"{result.category}: {result.cause}" if result.cause else str(result.category)
+    if result.error:
+        cause = f"{cause}, after {result.error}"
     if result.outcome == "error":
         return (
             "warning",
@@ -262,3 +267,8 @@ def overdue_cases(conn: Connection, grace_seconds: int = 900) -> list[OverdueCas
 
 def case_overview(conn: Connection) -> dict[str, int]:
     return repository.case_overview(conn)
+
+
+def case_ages(conn: Connection) -> list[CaseAge]:
+    """Open cases by category and age, read from the database (not from a run)."""
+    return repository.case_ages(conn)

@@ -14,6 +14,8 @@ from uuid import UUID
 
 from inventory_pipeline.db import Connection, DatabaseError, DatabaseUnavailable, transaction
 from inventory_pipeline.stats import maintenance_repository as repo
+from inventory_pipeline.stats.maintenance_repository import MaintenanceDue
+from inventory_pipeline.stats.rebuild import ABANDONED_SECONDS
 from inventory_pipeline.stats.rollover import (
     ROLLOVER_PAGE,
     ROLLOVER_PAGE_MAX,
@@ -34,8 +36,10 @@ __all__ = [
     "ROLLOVER_PAGE",
     "ROLLOVER_PAGE_MAX",
     "SCAN_PAGE",
+    "MaintenanceDue",
     "RolloverResult",
     "ScanResult",
+    "due",
     "process_catalog",
     "prune",
     "rollover",
@@ -163,3 +167,9 @@ def prune(
         "jobs": repo.prune_jobs(conn, days, batch),
         "catalog_changes": repo.prune_catalog_log(conn, days, batch),
     }
+
+
+def due(conn: Connection, idle_seconds: int = ABANDONED_SECONDS) -> MaintenanceDue:
+    """What a rollover run would find now: due PR overview windows, unanswered catalog
+    tokens, rebuilds a killed run left. The rollover sensor launches only when any is."""
+    return repo.maintenance_due(conn, idle_seconds)

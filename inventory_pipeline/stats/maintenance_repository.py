@@ -145,6 +145,27 @@ def rollover_overview(conn: Connection) -> dict[str, Any]:
     return {} if row is None else dict(row)
 
 
+@dataclass(frozen=True)
+class MaintenanceDue:
+    """Work the rollover job would find now (all zero: a run would do nothing)."""
+
+    rollover_users: int
+    catalog_scopes: int
+    abandoned_rebuilds: int
+
+    @property
+    def any(self) -> bool:
+        return bool(self.rollover_users or self.catalog_scopes or self.abandoned_rebuilds)
+
+
+def maintenance_due(conn: Connection, idle_seconds: int) -> MaintenanceDue:
+    row = fetch_one(conn, QUERIES["maintenance_due"], {"idle_seconds": idle_seconds})
+    assert row is not None  # an aggregate over constants always returns its row
+    return MaintenanceDue(
+        int(row["rollover_users"]), int(row["catalog_scopes"]), int(row["abandoned_rebuilds"])
+    )
+
+
 # -- catalog -------------------------------------------------------------------------
 
 

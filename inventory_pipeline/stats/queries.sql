@@ -727,6 +727,20 @@ SELECT count(*) FILTER (WHERE due_at <= now()) AS due_backlog,
            AS last_error
 FROM user_pr_overview_rollover_state;
 
+-- name: maintenance_due
+-- What the rollover job would do now: users whose PR overview window is due, catalog
+-- scopes with an unanswered token (or a global pass under way), and rebuild passes a
+-- killed run left idle for `idle_seconds`. All zero: a run would find nothing.
+SELECT (SELECT count(*) FROM user_pr_overview_rollover_state WHERE due_at <= now())
+           AS rollover_users,
+       (SELECT count(*) FROM catalog_invalidation_tokens
+        WHERE token > processed_token OR (scope = 'global' AND pass_token IS NOT NULL))
+           AS catalog_scopes,
+       (SELECT count(*) FROM stats_rebuild_passes
+        WHERE finished_at IS NULL
+          AND updated_at <= now() - make_interval(secs => %(idle_seconds)s))
+           AS abandoned_rebuilds;
+
 -- name: catalog_next_personal
 -- One personal catalog scope with an unanswered token, locked for this transaction
 -- (scopes that failed in this tick are passed over until the next one).
