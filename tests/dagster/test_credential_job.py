@@ -9,7 +9,7 @@ import pytest
 
 from inventory_pipeline.db import Connection, execute, fetch_one
 from inventory_pipeline.defs import credentials as wake_defs
-from inventory_pipeline.defs.resources import InventoryDatabase
+from inventory_pipeline.defs.resources import InventoryDatabase, TmdbResource
 from inventory_pipeline.provider.standin import StandIn
 from tests import factories as f
 from tests.conftest import TMDB_TEST_KEY
@@ -26,23 +26,23 @@ def test_sensor_launches_verification_then_release(
     db_url: str,
     instance: dg.DagsterInstance,
     standin: StandIn,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("INVENTORY_TMDB_BASE_URL", standin.url)
     db = InventoryDatabase(url=db_url)
+    resources = {"inventory_db": db, "tmdb": TmdbResource(base_url=standin.url)}
     context = dg.build_sensor_context(instance=instance, resources={"inventory_db": db})
     assert isinstance(wake_defs.credential_wakeup_sensor(context), dg.SkipReason)
     f.provider_key(conn, TMDB_TEST_KEY)
     f.auth_cases(conn, f.library(conn), 3)
     request = wake_defs.credential_wakeup_sensor(context)
     assert isinstance(request, dg.RunRequest)
-    result = wake_defs.credential_wakeup.execute_in_process(
-        instance=instance, resources={"inventory_db": db}
-    )
+    result = wake_defs.credential_wakeup.execute_in_process(instance=instance, resources=resources)
     assert result.success
-    metadata = result.output_for_node("wake_authentication_cases")
-    assert metadata == 3
-    [output] = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"]
+    assert result.output_for_node("wake_authentication_cases") == "verified"
+    [output] = [
+        e
+        for e in result.all_events
+        if e.event_type_value == "STEP_OUTPUT" and e.step_key == "wake_authentication_cases"
+    ]
     shown = {k: v.value for k, v in output.event_specific_data.metadata.items()}  # type: ignore[union-attr]
     assert shown["verification"] == "verified" and shown["released"] == 3
     assert len(str(shown["generation"])) == 8
@@ -61,15 +61,14 @@ def test_key_absent_everywhere_after_a_probe_storm(
     db_url: str,
     instance: dg.DagsterInstance,
     standin: StandIn,
-    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     """Every probe outcome, with the right key and a rejected one: the keys appear in no
     log line, event, run config or column other than their own setting."""
     caplog.set_level("DEBUG")
-    monkeypatch.setenv("INVENTORY_TMDB_BASE_URL", standin.url)
     db = InventoryDatabase(url=db_url)
+    resources = {"inventory_db": db, "tmdb": TmdbResource(base_url=standin.url)}
     f.auth_cases(conn, f.library(conn), 3)
     faults = [
         ("status", {"status": 500}),
@@ -91,7 +90,7 @@ def test_key_absent_everywhere_after_a_probe_storm(
             )
             execute(conn, "UPDATE provider_admission SET paused_until = NULL")
             result = wake_defs.credential_wakeup.execute_in_process(
-                instance=instance, resources={"inventory_db": db}
+                instance=instance, resources=resources
             )
             assert result.success
             row = fetch_one(conn, "SELECT last_outcome FROM credential_wakeups")

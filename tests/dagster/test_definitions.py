@@ -3,7 +3,6 @@ and the partitioned check, executed in process against an ephemeral instance."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import dagster as dg
@@ -116,26 +115,20 @@ def test_sensor_launches_no_more_runs_than_could_start(
     srv = f.server(conn)
     for i in range(7):
         f.items(conn, f.library(conn, srv, name=str(i)), 2)
-    db = InventoryDatabase(url=db_url)
-    os.environ["INVENTORY_RUN_CLAIMS"] = "2"
-    try:
-        context = dg.build_sensor_context(instance=instance, resources={"inventory_db": db})
-        first = profile_defs.library_profile_sensor(context)
-        assert isinstance(first, dg.SensorResult)
-        assert [r.run_key for r in first.run_requests or []] == [
-            f"profile-refresh-{n}" for n in (1, 2, 3, 4)
-        ]
-        job = profile_defs.library_profile_refresh
-        for _ in range(3):
-            instance.create_run_for_job(job, status=dg.DagsterRunStatus.NOT_STARTED)
-        context = dg.build_sensor_context(
-            instance=instance, resources={"inventory_db": db}, cursor="4"
-        )
-        second = profile_defs.library_profile_sensor(context)
-        assert isinstance(second, dg.SensorResult)
-        assert [r.run_key for r in second.run_requests or []] == ["profile-refresh-5"]
-    finally:
-        del os.environ["INVENTORY_RUN_CLAIMS"]
+    db = InventoryDatabase(url=db_url, run_claims=2)
+    context = dg.build_sensor_context(instance=instance, resources={"inventory_db": db})
+    first = profile_defs.library_profile_sensor(context)
+    assert isinstance(first, dg.SensorResult)
+    assert [r.run_key for r in first.run_requests or []] == [
+        f"profile-refresh-{n}" for n in (1, 2, 3, 4)
+    ]
+    job = profile_defs.library_profile_refresh
+    for _ in range(3):
+        instance.create_run_for_job(job, status=dg.DagsterRunStatus.NOT_STARTED)
+    context = dg.build_sensor_context(instance=instance, resources={"inventory_db": db}, cursor="4")
+    second = profile_defs.library_profile_sensor(context)
+    assert isinstance(second, dg.SensorResult)
+    assert [r.run_key for r in second.run_requests or []] == ["profile-refresh-5"]
     assert running_claims(conn) == 0
 
 

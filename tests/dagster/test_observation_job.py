@@ -14,7 +14,7 @@ import pytest
 
 from inventory_pipeline.db import Connection, connect, fetch_all
 from inventory_pipeline.defs import observation as obs_defs
-from inventory_pipeline.defs.resources import InventoryDatabase
+from inventory_pipeline.defs.resources import InventoryDatabase, TmdbResource
 from inventory_pipeline.provider.standin import StandIn
 from tests import factories as f
 from tests.conftest import TMDB_TEST_KEY
@@ -29,15 +29,23 @@ def instance() -> Iterator[dg.DagsterInstance]:
 
 
 @pytest.fixture
-def tmdb_env(monkeypatch: pytest.MonkeyPatch, standin: StandIn) -> StandIn:
-    monkeypatch.setenv("INVENTORY_TMDB_BASE_URL", standin.url)
-    monkeypatch.setenv("INVENTORY_TMDB_RATE", "200")
+def tmdb_env(standin: StandIn) -> StandIn:
     return standin
 
 
-def run_job(instance: dg.DagsterInstance, db_url: str) -> dg.ExecuteInProcessResult:
+def resources(db_url: str, standin: StandIn, **tmdb: int) -> dict[str, object]:
+    """The database, and the TMDb resource pointed at the stand-in (no environment)."""
+    return {
+        "inventory_db": InventoryDatabase(url=db_url),
+        "tmdb": TmdbResource(base_url=standin.url, rate=200, **tmdb),
+    }
+
+
+def run_job(
+    instance: dg.DagsterInstance, db_url: str, standin: StandIn
+) -> dg.ExecuteInProcessResult:
     return obs_defs.provider_observation.execute_in_process(
-        instance=instance, resources={"inventory_db": InventoryDatabase(url=db_url)}
+        instance=instance, resources=resources(db_url, standin)
     )
 
 
@@ -54,7 +62,7 @@ def test_sensor_and_job_report_categories(
     )
     request = obs_defs.provider_observation_sensor(context)
     assert isinstance(request, dg.RunRequest) and request.run_key == "observe-1"
-    result = run_job(instance, db_url)
+    result = run_job(instance, db_url, tmdb_env)
     assert result.success
     [mat] = [
         e.step_materialization_data.materialization
@@ -104,7 +112,7 @@ def test_key_absent_everywhere_after_a_failure_storm(
             # The test clock: retry deadlines and any throttling pause have passed.
             conn.execute("UPDATE media_server_items SET observation_due_at = now()")
             conn.execute("UPDATE provider_admission SET paused_until = NULL")
-            assert run_job(instance, db_url).success
+            assert run_job(instance, db_url, tmdb_env).success
             categories |= {
                 r["recovery_category"]
                 for r in fetch_all(
@@ -141,7 +149,7 @@ def test_malformed_identity_does_not_fail_the_run(
         f.tmdb_item(conn, lib, tmdb_id)
     poison = f.tmdb_item(conn, lib, 1)
     conn.execute("UPDATE media_server_items SET provider_id = '²' WHERE id = %s", (poison,))
-    result = run_job(instance, db_url)
+    result = run_job(instance, db_url, tmdb_env)
     assert result.success
     assert result.output_for_node("observe_provider_items") == 5
     [warning] = warnings_in(instance, result.run_id)
@@ -155,11 +163,9 @@ def test_warnings_are_logged_as_cases_commit_even_if_the_run_dies(
     db_url: str,
     instance: dg.DagsterInstance,
     tmdb_env: StandIn,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The run's sessions are ended while its second batch waits on a slow answer: the
     run fails, yet every case it committed was logged as a warning."""
-    monkeypatch.setenv("INVENTORY_OBSERVATION_WORKERS", "1")  # batches of four
     f.provider_key(conn, TMDB_TEST_KEY)
     lib = f.library(conn)
     for tmdb_id in range(1, 9):
@@ -180,7 +186,7 @@ def test_warnings_are_logged_as_cases_commit_even_if_the_run_dies(
     killer.start()
     result = obs_defs.provider_observation.execute_in_process(
         instance=instance,
-        resources={"inventory_db": InventoryDatabase(url=db_url)},
+        resources=resources(db_url, tmdb_env, workers=1),  # batches of four
         raise_on_error=False,
     )
     killer.join(timeout=10)

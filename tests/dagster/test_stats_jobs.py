@@ -42,11 +42,17 @@ def test_sensor_drain_and_rebuild(
         e.step_materialization_data.materialization
         for e in result.get_asset_materialization_events()
     ]
-    assert {m.asset_key.path[0] for m in mats} == {
-        "user_exercise_stats",
-        "user_training_period_stats",
-    }
-    assert mats[0].metadata["users"].value == 3 and mats[0].metadata["generations"].value == 3
+    by_asset = {m.asset_key.path[0]: m.metadata for m in mats}
+    assert set(by_asset) == {"user_exercise_stats", "user_training_period_stats", "pr_overview"}
+    stats = by_asset["user_exercise_stats"]
+    assert stats["users"].value == 3 and stats["generations"].value == 3
+    # The PR overview lists each published generation, and the backlog left (none).
+    overview = by_asset["pr_overview"]
+    assert overview["published_generations"].value == 3
+    rows = overview["published"].value.records  # type: ignore[attr-defined]
+    assert sorted(r.data["user"] for r in rows) == sorted(str(u)[:8] for u in users)
+    assert {r.data["generation"] for r in rows} == {1}
+    assert overview["users_stale"].value == 0 and overview["users_owed"].value == 0
     assert all(sf.versions(conn, u) == (1, 1) for u in users)
     assert isinstance(stats_defs.stats_refresh_sensor(context), dg.SkipReason)
 

@@ -48,7 +48,6 @@ def test_maintenance_jobs_report_counts(
         [output] = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"]
         assert expected in output.event_specific_data.metadata  # type: ignore[union-attr]
     assert {s.name for s in maintenance_defs.maintenance_schedules} == {
-        "stats_rollover_schedule",
         "stats_backfill_scan_schedule",
         "stats_retention_schedule",
     }
