@@ -64,8 +64,13 @@ class DeadlineExceeded(Exception):
 def validate_base_url(base_url: str) -> str:
     parts = urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
+        # Shown without user, password, query or fragment: any of them may be a secret.
+        if parts.netloc:
+            shown = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+        else:
+            shown = redact(base_url.rpartition("@")[2].split("?")[0])
         raise ProviderConfigError(
-            f"TMDb base URL must be http(s)://host[:port][/path], got {redact(base_url)!r}"
+            f"TMDb base URL must be http(s)://host[:port][/path], got {shown!r}"
         )
     return base_url.rstrip("/")
 

@@ -4,9 +4,11 @@ and the partitioned check, executed in process against an ephemeral instance."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import dagster as dg
 import pytest
+import yaml
 
 from inventory_pipeline.db import Connection, execute, fetch_one
 from inventory_pipeline.definitions import defs
@@ -23,13 +25,88 @@ def instance() -> Iterator[dg.DagsterInstance]:
         yield inst
 
 
-def test_definitions_load() -> None:
+# The code location, by name: adding, renaming or removing one is a deliberate change here.
+ASSETS = [
+    "library_profile",
+    "pr_overview",
+    "provider_observations",
+    "tmdb_credential",
+    "user_exercise_stats",
+    "user_training_period_stats",
+]
+CHECKS = [
+    "library_profile.library_profile_current",
+    "provider_observations.recovery_cases_on_time",
+    "tmdb_credential.tmdb_key_verified",
+]
+JOBS = [
+    "credential_wakeup",
+    "library_profile_refresh",
+    "profile_request_compaction",
+    "provider_observation",
+    "stats_backfill_scan",
+    "stats_drain",
+    "stats_rebuild",
+    "stats_retention",
+    "stats_rollover",
+    "stats_worker_control",
+]
+SENSORS = [
+    "credential_wakeup_sensor",
+    "library_profile_sensor",
+    "provider_observation_sensor",
+    "stats_refresh_sensor",
+    "stats_rollover_sensor",
+]
+SCHEDULES = [
+    "profile_request_compaction_schedule",
+    "stats_backfill_scan_schedule",
+    "stats_retention_schedule",
+]
+QUEUE_TAG = "inventory_pipeline/queue"
+
+
+def test_definitions_snapshot() -> None:
     repo = defs.get_repository_def()
-    assert {j.name for j in repo.get_all_jobs()} >= {
-        "library_profile_refresh",
-        "profile_request_compaction",
-    }
+    graph = repo.asset_graph
+    assert sorted(key.to_user_string() for key in graph.get_all_asset_keys()) == ASSETS
+    assert (
+        sorted(f"{key.asset_key.to_user_string()}.{key.name}" for key in graph.asset_check_keys)
+        == CHECKS
+    )
+    assert sorted(j.name for j in repo.get_all_jobs() if not j.name.startswith("__")) == JOBS
+    assert sorted(s.name for s in repo.sensor_defs) == SENSORS
+    assert sorted(s.name for s in repo.schedule_defs) == SCHEDULES
     assert profile_defs.library_partitions.name == "inventory_pipeline__library_profile"
+
+
+def instance_settings(repo_root: Path) -> list[Path]:
+    """Every instance settings file the project ships (the deployment one if present)."""
+    files = [repo_root / "dagster.yaml", repo_root / "deploy" / "dagster.yaml"]
+    return [path for path in files if path.exists()]
+
+
+def test_every_queue_tag_has_a_limit_in_the_instance_settings(repo_root: Path) -> None:
+    """A queue tag without a limit would run unbounded: the queue caps nothing."""
+    repo = defs.get_repository_def()
+    used: set[str] = set()
+    for job in repo.get_all_jobs():
+        if QUEUE_TAG in job.tags:
+            used.add(job.tags[QUEUE_TAG])
+        for node in job.graph.node_dict.values():
+            if QUEUE_TAG in node.definition.tags:
+                used.add(node.definition.tags[QUEUE_TAG])
+    assert used >= {"profile_refresh", "provider_observation", "stats_drain"}
+    files = instance_settings(repo_root)
+    assert files
+    for path in files:
+        settings = yaml.safe_load(path.read_text())
+        limits = {
+            limit["value"]
+            for limit in settings["concurrency"]["runs"]["tag_concurrency_limits"]
+            if limit["key"] == QUEUE_TAG
+        }
+        assert used <= limits, f"{path.name}: no limit for {sorted(used - limits)}"
 
 
 def materializations(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, object]]:
