@@ -54,7 +54,12 @@ def key_check(
     if status.verified:
         return True, error, f"TMDb accepted key generation {generation}", metadata
     if probe == "auth":
-        return False, error, f"TMDb rejected key generation {generation} (HTTP 401)", metadata
+        return (
+            False,
+            error,
+            f"TMDb rejected key generation {generation} (authentication failed)",
+            metadata,
+        )
     if probe is not None and probe in PROBE_FAILURES:
         when = status.next_probe_at.isoformat(timespec="seconds") if status.next_probe_at else "-"
         return (
