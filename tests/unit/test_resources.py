@@ -80,3 +80,26 @@ def test_bad_policy_values_fail_in_one_line(changes: dict[str, int], message: st
     with pytest.raises(dg.Failure, match=message):
         db.policy()
         db.max_runs_per_tick()
+
+
+def test_a_value_that_is_not_a_number_fails_the_run_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Resolved when the run starts: the run fails before any op, naming the variable
+    and not echoing its value."""
+    monkeypatch.setenv("INVENTORY_TMDB_RATE", "fast-9c1d")
+
+    @dg.op
+    def read(tmdb: TmdbResource) -> int:
+        return tmdb.settings().rate
+
+    @dg.job
+    def settings_job() -> None:
+        read()
+
+    defs = dg.Definitions(jobs=[settings_job], resources={"tmdb": tmdb_resource()})
+    with pytest.raises(dg.DagsterInvalidConfigError) as error:
+        defs.resolve_job_def("settings_job").execute_in_process()
+    text = str(error.value)
+    assert 'env variable "INVENTORY_TMDB_RATE" cannot be coerced into an int' in text
+    assert "fast-9c1d" not in text
