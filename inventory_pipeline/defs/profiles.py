@@ -204,11 +204,21 @@ def library_profile_refresh() -> None:
 
 
 def _backfill_metadata(
-    result: service.BackfillResult, label: LibraryLabel | None
+    conn: Connection, result: service.BackfillResult, label: LibraryLabel | None
 ) -> dict[str, Any]:
+    """A refresh done by this run shows what it generated; one done by another worker
+    meanwhile shows the profile stored now."""
     if result.completion is not None:
         return completion_metadata(result.completion, label)
-    return {**label_metadata(label), "outcome": result.status}
+    metadata: dict[str, Any] = {**label_metadata(label), "outcome": result.status}
+    stored = service.stored_profile(conn, result.library_id)
+    if stored is None:
+        metadata["profile"] = "none: the library has no items"
+    else:
+        metadata["item_count"] = stored.item_count
+        metadata["profile_revision"] = stored.inventory_revision
+        metadata.update(profile_metadata(stored.profile))
+    return metadata
 
 
 @dg.asset(
@@ -237,7 +247,7 @@ def library_profile(
         for result in service.backfill(conn, library_ids, inventory_db.policy()):
             if result.status in ("refreshed", "refreshed_elsewhere", "never_stocked"):
                 label = labels.get(result.library_id)
-                refreshed.append((result.library_id, _backfill_metadata(result, label)))
+                refreshed.append((result.library_id, _backfill_metadata(conn, result, label)))
             else:
                 failed.append(f"{result.library_id} ({result.error or result.status})")
         if not single:
@@ -249,7 +259,8 @@ def library_profile(
                 )
         elif refreshed and not failed:
             yield dg.MaterializeResult(metadata=refreshed[0][1])
-        if not check_step:
+        if not check_step or failed:
+            # A failed run skips the check step: the evaluation says what went wrong.
             log_check_evaluations(context, conn, library_ids)
     if failed:
         raise dg.Failure(f"profiles not refreshed for libraries: {', '.join(failed)}")

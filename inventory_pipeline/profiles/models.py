@@ -166,6 +166,16 @@ class LibraryLabel:
 
 
 @dataclass(frozen=True)
+class StoredProfile:
+    """The published profile of a library as stored."""
+
+    library_id: int
+    inventory_revision: int
+    item_count: int
+    profile: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class StalledLibrary:
     """A library whose inventory revision has waited longer than the stall threshold."""
 

@@ -378,6 +378,12 @@ JOIN media_servers m ON m.id = l.server_id
 WHERE l.id = ANY (%(library_ids)s)
 ORDER BY l.id;
 
+-- name: stored_profile
+-- The profile a library has now, as a reader of its latest materialization sees it.
+SELECT library_id, inventory_revision, item_count, profile
+FROM library_profiles
+WHERE library_id = %(library_id)s;
+
 -- name: stalled_libraries
 -- Libraries dirty for longer than the threshold, oldest first (the dirty index).
 SELECT s.library_id, s.revision, s.acknowledged_revision, s.dirty_since,

@@ -33,6 +33,7 @@ from inventory_pipeline.profiles.models import (
     QueueOverview,
     RefreshPolicy,
     StalledLibrary,
+    StoredProfile,
 )
 
 QUERIES = load_queries("inventory_pipeline.profiles")
@@ -271,6 +272,18 @@ def library_labels(conn: Connection, library_ids: Sequence[int]) -> list[Library
         )
         for r in rows
     ]
+
+
+def stored_profile(conn: Connection, library_id: int) -> StoredProfile | None:
+    row = fetch_one(conn, QUERIES["stored_profile"], {"library_id": library_id})
+    if row is None:
+        return None
+    return StoredProfile(
+        library_id=row["library_id"],
+        inventory_revision=row["inventory_revision"],
+        item_count=row["item_count"],
+        profile=row["profile"],
+    )
 
 
 def stalled_libraries(conn: Connection, stall_seconds: int, limit: int) -> list[StalledLibrary]:

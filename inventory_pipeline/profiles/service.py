@@ -38,6 +38,7 @@ from inventory_pipeline.profiles.models import (
     QueueOverview,
     RefreshPolicy,
     StalledLibrary,
+    StoredProfile,
 )
 
 Generator = Callable[[pd.DataFrame], dict[str, Any]]
@@ -329,6 +330,11 @@ def profile_status(conn: Connection, library_ids: Sequence[int]) -> list[Profile
 def library_labels(conn: Connection, library_ids: Sequence[int]) -> dict[int, LibraryLabel]:
     """Name and media server of each existing library, by id."""
     return {label.library_id: label for label in repository.library_labels(conn, library_ids)}
+
+
+def stored_profile(conn: Connection, library_id: int) -> StoredProfile | None:
+    """The library's published profile, if it has one."""
+    return repository.stored_profile(conn, library_id)
 
 
 def stalled_libraries(conn: Connection, policy: RefreshPolicy, limit: int) -> list[StalledLibrary]:
