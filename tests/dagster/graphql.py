@@ -147,7 +147,8 @@ def running_dagster(server_url: str, template: str, folder: Path) -> Iterator[Da
         yield dagster
     finally:
         for proc in reversed(processes):
-            stop_dagster(proc)
+            # Nothing here needs a graceful stop: the group is killed after 5 s.
+            stop_dagster(proc, timeout=5)
         with connect(server_url) as admin:
             drop_database(admin, app)
             drop_database(admin, storage)
