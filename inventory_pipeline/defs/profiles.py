@@ -4,6 +4,11 @@ The sensor plans and launches; runs claim as their work begins; the asset is wha
 analysts backfill. Correctness lives in the database: a run only ever completes claims
 its lease token still holds, so a killed, duplicated or hand-launched run changes
 nothing the lease would not allow.
+
+What the UI shows follows the database: check evaluations name the partition's latest
+materialization (else Dagster drops them from the Partitions tab), a stalled library's
+check is failed by a sensor without a run, and a partition key that is not a library
+is removed, never fatal.
 """
 
 # No `from __future__ import annotations` here: Dagster reads op, asset and check
