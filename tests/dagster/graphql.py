@@ -83,6 +83,21 @@ class Dagster:
                 raise AssertionError(f"timed out waiting for {what}\n{self.log_tail()}")
             time.sleep(0.5)
 
+    def start_daemon(self) -> None:
+        """Start the daemon once. Its backfill loop runs every 30 s, first at start: a
+        backfill launched before it starts is submitted at once."""
+        if len(self.processes) > 1:
+            return
+        with (self.logs / "daemon.log").open("wb") as daemon_log:
+            self.processes.append(
+                start_dagster(
+                    [*DAEMON_COMMAND, "run", "-m", MODULE],
+                    self.env,
+                    stdout=daemon_log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+
     def repository(self) -> dict[str, str]:
         data = self.query(WORKSPACE)
         [entry] = data["workspaceOrError"]["locationEntries"]
@@ -100,8 +115,8 @@ def _serves(url: str) -> bool:
 
 @contextmanager
 def running_dagster(server_url: str, template: str, folder: Path) -> Iterator[Dagster]:
-    """Application and storage databases of their own, a webserver on a free loopback
-    port and the daemon, all stopped and dropped afterwards."""
+    """Application and storage databases of their own and a webserver on a free
+    loopback port (the daemon when asked), all stopped and dropped afterwards."""
     suffix = uuid.uuid4().hex[:10]
     app, storage = f"inventory_ui_{suffix}", f"dagster_ui_{suffix}"
     with connect(server_url) as admin:
@@ -135,15 +150,6 @@ def running_dagster(server_url: str, template: str, folder: Path) -> Iterator[Da
                 )
             )
         dagster.wait_for("the webserver", lambda: _serves(dagster.url))
-        with (folder / "daemon.log").open("wb") as daemon_log:
-            processes.append(
-                start_dagster(
-                    [*DAEMON_COMMAND, "run", "-m", MODULE],
-                    env,
-                    stdout=daemon_log,
-                    stderr=subprocess.STDOUT,
-                )
-            )
         yield dagster
     finally:
         for proc in reversed(processes):

@@ -163,6 +163,7 @@ def test_backfill_of_chosen_partitions_and_what_the_partition_tabs_show(
 
     good = backfill(ui, [full, small])
     bad = backfill(ui, [inactive])
+    ui.start_daemon()
     assert ui.wait_for("the good backfill", lambda: backfill_status(ui, good), 180) == (
         "COMPLETED_SUCCESS"
     )
@@ -250,6 +251,7 @@ def test_partition_added_by_hand_breaks_neither_preview_nor_tick(
     assert evaluation["runRequests"]
     assert leases(app) == (0, 0)
 
+    ui.start_daemon()
     started_at = time.time()
     started = ui.query(gql.START_SENSOR, selector=sensor)["startSensor"]
     assert started["__typename"] == "Sensor", started
