@@ -1,24 +1,36 @@
-"""Dagster surface of the profile refresh (seed 000).
+"""Dagster surface of the profile refresh.
 
 The sensor plans and launches; runs claim as their work begins; the asset is what
 analysts backfill. Correctness lives in the database: a run only ever completes claims
 its lease token still holds, so a killed, duplicated or hand-launched run changes
 nothing the lease would not allow.
+
+What the UI shows follows the database: check evaluations name the partition's latest
+materialization (else Dagster drops them from the Partitions tab), a stalled library's
+check is failed by a sensor without a run, and a partition key that is not a library
+is removed, never fatal.
 """
 
 # No `from __future__ import annotations` here: Dagster reads op, asset and check
 # signatures at definition time and compares the context annotation to real classes.
 
+import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import dagster as dg
 
+# Not exported by dagster: the type of AssetCheckEvaluation.target_materialization_data.
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
+from pydantic import Field
+
 from inventory_pipeline.db import Connection
 from inventory_pipeline.defs.resources import InventoryDatabase, runs_waiting
 from inventory_pipeline.profiles import service
-from inventory_pipeline.profiles.generator import top_genres
-from inventory_pipeline.profiles.models import Completion, ProfileStatus
+from inventory_pipeline.profiles.generator import held_back_reason
+from inventory_pipeline.profiles.models import Completion, LibraryLabel, ProfileStatus
 
 # Dynamic partition set names are global to the instance: keep this one distinctive.
 PARTITIONS_NAME = "inventory_pipeline__library_profile"
@@ -26,73 +38,157 @@ library_partitions = dg.DynamicPartitionsDefinition(name=PARTITIONS_NAME)
 PROFILE_ASSET = dg.AssetKey("library_profile")
 QUEUE_TAG = "inventory_pipeline/queue"
 REFRESH_QUEUE = "profile_refresh"
+CHECK_NAME = "library_profile_current"
+CHECK_KEY = dg.AssetCheckKey(PROFILE_ASSET, CHECK_NAME)
 
 
-def materialization(completion: Completion) -> dg.AssetMaterialization:
-    """One partition materialization with what a reader of the profile wants to see."""
+# Rows per distribution table: a huge library's metadata stays bounded.
+TABLE_ROWS = 20
+DISTRIBUTIONS = ("genres", "primary_studio", "original_language", "identity")
+
+
+def _share_table(shares: dict[str, float]) -> dg.TableMetadataValue:
+    """A distribution as value/share rows, the largest first, at most TABLE_ROWS."""
+    rows = list(shares.items())
+    records = [dg.TableRecord({"value": k, "share": float(v)}) for k, v in rows[:TABLE_ROWS]]
+    if len(rows) > TABLE_ROWS:
+        rest = sum(float(v) for _, v in rows[TABLE_ROWS:])
+        records.append(
+            dg.TableRecord({"value": f"({len(rows) - TABLE_ROWS} more)", "share": round(rest, 4)})
+        )
+    return dg.MetadataValue.table(
+        records=records,
+        schema=dg.TableSchema(
+            columns=[dg.TableColumn("value", "string"), dg.TableColumn("share", "float")]
+        ),
+    )
+
+
+def profile_metadata(profile: dict[str, Any]) -> dict[str, Any]:
+    """Each trait's status and contributors, every published distribution as a table,
+    why a trait is held back, and the whole profile as JSON."""
+    metadata: dict[str, Any] = {}
+    traits = []
+    for trait, body in profile.items():
+        reason = held_back_reason(body)
+        metadata[f"trait/{trait}"] = reason or (
+            f"published: {body['contributors']} contributing items, coverage {body['coverage']:g}"
+        )
+        traits.append(
+            dg.TableRecord(
+                {
+                    "trait": trait,
+                    "status": str(body["status"]),
+                    "contributors": int(body["contributors"]),
+                    "coverage": float(body["coverage"]),
+                    "held_back": reason or "",
+                }
+            )
+        )
+    metadata["traits"] = dg.MetadataValue.table(
+        records=traits,
+        schema=dg.TableSchema(
+            columns=[
+                dg.TableColumn("trait", "string"),
+                dg.TableColumn("status", "string"),
+                dg.TableColumn("contributors", "int"),
+                dg.TableColumn("coverage", "float"),
+                dg.TableColumn("held_back", "string"),
+            ]
+        ),
+    )
+    rating = profile.get("rating", {})
+    if rating.get("status") == "published":
+        metadata["distribution/rating"] = dg.MetadataValue.table(
+            records=[
+                dg.TableRecord({"statistic": name, "value": float(rating[name])})
+                for name in ("mean", "median", "p10", "p90")
+            ],
+            schema=dg.TableSchema(
+                columns=[dg.TableColumn("statistic", "string"), dg.TableColumn("value", "float")]
+            ),
+        )
+    for trait in DISTRIBUTIONS:
+        body = profile.get(trait, {})
+        if body.get("status") == "published":
+            metadata[f"distribution/{trait}"] = _share_table(body["share"])
+    metadata["profile"] = dg.MetadataValue.json(profile)
+    return metadata
+
+
+def label_metadata(label: LibraryLabel | None) -> dict[str, Any]:
+    if label is None:
+        return {"library": "deleted"}
+    return {
+        "library": f"{label.name} ({label.media_kind})",
+        "media_server": f"{label.server_name} ({label.server_kind})",
+    }
+
+
+def completion_metadata(completion: Completion, label: LibraryLabel | None) -> dict[str, Any]:
+    """What a reader of one partition's materialization wants to see."""
     metadata: dict[str, Any] = {
+        **label_metadata(label),
+        "item_count": completion.item_count,
         "acknowledged_revision": completion.acknowledged_revision or 0,
         "observed_revision": completion.observed_revision,
         "request_kind": completion.kind,
-        "item_count": completion.item_count,
     }
     if completion.profile is not None:
-        for trait, body in completion.profile.items():
-            metadata[f"coverage/{trait}"] = dg.MetadataValue.float(float(body["coverage"]))
-        genres = top_genres(completion.profile)
-        metadata["top_genres"] = dg.MetadataValue.table(
-            records=[dg.TableRecord({"genre": g, "share": s}) for g, s in genres],
-            schema=dg.TableSchema(
-                columns=[
-                    dg.TableColumn("genre", "string"),
-                    dg.TableColumn("share", "float"),
-                ]
-            ),
-        )
+        metadata.update(profile_metadata(completion.profile))
     else:
         metadata["profile"] = "removed: the library is empty"
+    return metadata
+
+
+def materialization(completion: Completion, label: LibraryLabel | None) -> dg.AssetMaterialization:
     return dg.AssetMaterialization(
         asset_key=PROFILE_ASSET,
         partition=str(completion.library_id),
-        metadata=metadata,
+        metadata=completion_metadata(completion, label),
     )
 
 
 def library_ids_of(partition_keys: Sequence[str]) -> list[int]:
     """Partition keys are library ids; anything else is refused before any work."""
-    bad = [key for key in partition_keys if not key.isascii() or not key.isdigit()]
+    bad = [key for key in partition_keys if not is_library_key(key)]
     if bad:
         raise dg.Failure(f"partition keys must be library ids, got {bad[0][:40]!r}")
     return [int(key) for key in partition_keys]
 
 
-@dg.op(
-    config_schema={
-        "max_claims": dg.Field(
-            dg.IntSource,
-            is_required=False,
-            description="Stop after this many claims (default INVENTORY_RUN_CLAIMS).",
-        )
-    },
-    tags={QUEUE_TAG: REFRESH_QUEUE},
-)
+def is_library_key(key: str) -> bool:
+    return key.isascii() and key.isdigit() and len(key) < 19
+
+
+class RefreshConfig(dg.Config):
+    """Op config of a refresh run."""
+
+    max_claims: int | None = Field(
+        default=None,
+        description="Stop after this many claims (default INVENTORY_RUN_CLAIMS).",
+    )
+
+
+@dg.op(tags={QUEUE_TAG: REFRESH_QUEUE})
 def refresh_claimed_profiles(
-    context: dg.OpExecutionContext, inventory_db: InventoryDatabase
+    context: dg.OpExecutionContext, config: RefreshConfig, inventory_db: InventoryDatabase
 ) -> dg.Output[int]:
     """Claim requests one at a time as the work begins and process each, one
     materialization per library, until nothing is claimable."""
     policy = inventory_db.policy()
-    max_claims = context.op_config.get("max_claims")
-    if max_claims is not None and max_claims <= 0:
-        raise dg.Failure(f"max_claims must be positive, got {max_claims}")
+    if config.max_claims is not None and config.max_claims <= 0:
+        raise dg.Failure(f"max_claims must be positive, got {config.max_claims}")
     counts = {"published": 0, "removed": 0, "lost": 0, "failed": 0}
     touched: list[int] = []
     with inventory_db.connection() as conn:
-        for completion in service.refresh(conn, policy, max_claims):
+        for completion in service.refresh(conn, policy, config.max_claims):
             counts[completion.outcome] += 1
             touched.append(completion.library_id)
             if completion.outcome in ("published", "removed"):
-                context.log_event(materialization(completion))
+                labels = service.library_labels(conn, [completion.library_id])
+                label = labels.get(completion.library_id)
+                context.log_event(materialization(completion, label))
             elif completion.outcome == "failed":
                 context.log.warning(
                     f"library {completion.library_id}: attempt failed ({completion.error})"
@@ -112,51 +208,98 @@ def library_profile_refresh() -> None:
     refresh_claimed_profiles()
 
 
+def _backfill_metadata(
+    conn: Connection, result: service.BackfillResult, label: LibraryLabel | None
+) -> dict[str, Any]:
+    """A refresh done by this run shows what it generated; one done by another worker
+    meanwhile shows the profile stored now."""
+    if result.completion is not None:
+        return completion_metadata(result.completion, label)
+    metadata: dict[str, Any] = {**label_metadata(label), "outcome": result.status}
+    stored = service.stored_profile(conn, result.library_id)
+    if stored is None:
+        metadata["profile"] = "none: the library has no items"
+    else:
+        metadata["item_count"] = stored.item_count
+        metadata["profile_revision"] = stored.inventory_revision
+        metadata.update(profile_metadata(stored.profile))
+    return metadata
+
+
 @dg.asset(
     key=PROFILE_ASSET,
     partitions_def=library_partitions,
-    backfill_policy=dg.BackfillPolicy.single_run(),
     output_required=False,
     description=(
         "Per-library profile: item count and, per trait, its distribution and coverage. "
-        "A backfill enqueues (or joins) outbox requests and processes them under a lease."
+        "A backfill enqueues (or joins) outbox requests and processes them under a lease, "
+        "one library per run; the check then evaluates the new profile."
     ),
 )
 def library_profile(
     context: dg.AssetExecutionContext, inventory_db: InventoryDatabase
-) -> Iterator[dg.Output[None]]:
+) -> Iterator[dg.MaterializeResult[None]]:
     library_ids = library_ids_of(context.partition_keys)
     failed: list[str] = []
+    refreshed: list[tuple[int, dict[str, Any]]] = []
+    # One partition per run (the default backfill policy): the output is the partition's
+    # materialization, and the check step, when the run includes it, evaluates against
+    # it. Otherwise (a partition range, or the check left out) this op records the check.
+    single = len(library_ids) == 1
+    check_step = single and CHECK_KEY in context.job_def.asset_layer.asset_graph.asset_check_keys
     with inventory_db.connection() as conn:
+        labels = service.library_labels(conn, library_ids)
         for result in service.backfill(conn, library_ids, inventory_db.policy()):
-            if result.status == "refreshed" and result.completion is not None:
-                context.log_event(materialization(result.completion))
-            elif result.status in ("refreshed_elsewhere", "never_stocked"):
-                context.log_event(
-                    dg.AssetMaterialization(
-                        asset_key=PROFILE_ASSET,
-                        partition=str(result.library_id),
-                        metadata={"outcome": result.status},
-                    )
-                )
+            if result.status in ("refreshed", "refreshed_elsewhere", "never_stocked"):
+                label = labels.get(result.library_id)
+                refreshed.append((result.library_id, _backfill_metadata(conn, result, label)))
             else:
                 failed.append(f"{result.library_id} ({result.error or result.status})")
-        log_check_evaluations(context, conn, library_ids)
+        if not single:
+            for library_id, metadata in refreshed:
+                context.log_event(
+                    dg.AssetMaterialization(
+                        asset_key=PROFILE_ASSET, partition=str(library_id), metadata=metadata
+                    )
+                )
+        elif refreshed and not failed:
+            yield dg.MaterializeResult(metadata=refreshed[0][1])
+        if not check_step or failed:
+            # A failed run skips the check step: the evaluation says what went wrong.
+            log_check_evaluations(context, conn, library_ids)
     if failed:
         raise dg.Failure(f"profiles not refreshed for libraries: {', '.join(failed)}")
-    yield from ()
 
 
 @dg.asset_check(
     asset=PROFILE_ASSET,
     partitions_def=library_partitions,
-    description="The profile is current with its library's inventory revision.",
+    description=(
+        "The profile is current with its library's inventory revision. Evaluated after "
+        "each refresh, and failed by the staleness sensor for a library dirty longer than "
+        "INVENTORY_STALL_SECONDS."
+    ),
 )
 def library_profile_current(
     context: dg.AssetCheckExecutionContext, inventory_db: InventoryDatabase
 ) -> dg.AssetCheckResult:
     [library_id] = library_ids_of([context.partition_key])
     return profile_current_result(inventory_db, library_id)
+
+
+def profile_current_result(inventory_db: InventoryDatabase, library_id: int) -> dg.AssetCheckResult:
+    """Current = acknowledged up to the revision and the stored profile matches the items;
+    a failure says why."""
+    with inventory_db.connection() as conn:
+        statuses = service.profile_status(conn, [library_id])
+    if not statuses:
+        return dg.AssetCheckResult(
+            passed=False, description="library not found", metadata={"reason": "deleted"}
+        )
+    [status] = statuses
+    return dg.AssetCheckResult(
+        passed=status.current, description=status.reason, metadata=_check_metadata(status)
+    )
 
 
 def _check_metadata(status: ProfileStatus) -> dict[str, int]:
@@ -168,13 +311,20 @@ def _check_metadata(status: ProfileStatus) -> dict[str, int]:
     }
 
 
-def profile_current_result(inventory_db: InventoryDatabase, library_id: int) -> dg.AssetCheckResult:
-    """Current = acknowledged up to the revision and the stored profile matches the items."""
-    with inventory_db.connection() as conn:
-        statuses = service.profile_status(conn, [library_id])
-    if not statuses:
-        return dg.AssetCheckResult(passed=False, metadata={"reason": "library not found"})
-    return dg.AssetCheckResult(passed=statuses[0].current, metadata=_check_metadata(statuses[0]))
+def target_materialization(
+    instance: dg.DagsterInstance, partition: str
+) -> AssetCheckEvaluationTargetMaterializationData | None:
+    """The partition's latest materialization, which an evaluation must name: Dagster
+    shows a partition's check status only while the evaluation targets the partition's
+    latest materialization (the same lookup its own check steps do)."""
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=PROFILE_ASSET, asset_partitions=[partition]), limit=1
+    ).records
+    if not records:
+        return None
+    return AssetCheckEvaluationTargetMaterializationData(
+        run_id=records[0].run_id, storage_id=records[0].storage_id, timestamp=records[0].timestamp
+    )
 
 
 def log_check_evaluations(
@@ -182,18 +332,26 @@ def log_check_evaluations(
     conn: Connection,
     library_ids: Sequence[int],
 ) -> None:
-    """Record the check for every partition a run touched, as the database sees it now."""
+    """Record the check for every partition a run touched, as the database sees it now,
+    against the partition's latest materialization."""
     for status in service.profile_status(conn, library_ids):
+        partition = str(status.library_id)
         # AssetCheckEvaluation is accepted at run time; the annotation predates it.
         context.log_event(
             dg.AssetCheckEvaluation(  # type: ignore[arg-type]
                 asset_key=PROFILE_ASSET,
-                check_name="library_profile_current",
+                check_name=CHECK_NAME,
                 passed=status.current,
-                partition=str(status.library_id),
+                partition=partition,
+                description=status.reason,
                 metadata=_check_metadata(status),
+                target_materialization_data=target_materialization(context.instance, partition),
             )
         )
+
+
+def _partition_order(key: str) -> tuple[int, int, str]:
+    return (0, int(key), "") if is_library_key(key) else (1, 0, key)
 
 
 @dg.sensor(
@@ -208,7 +366,8 @@ def library_profile_sensor(
 ) -> dg.SensorResult | dg.SkipReason:
     """A tick never claims: ticks fail, are previewed from the UI and are retried, and a
     run may wait in the queue for minutes. It launches enough runs for the backlog
-    (`run_claims` each), never more than `max_runs_per_tick` waiting to start."""
+    (`run_claims` each), never more than `max_runs_per_tick` waiting to start. Partition
+    keys that are not libraries (added by hand in the UI) are reported and removed."""
     policy = inventory_db.policy()
     max_runs = inventory_db.max_runs_per_tick()
     with inventory_db.connection() as conn:
@@ -222,10 +381,16 @@ def library_profile_sensor(
         partition_requests.append(
             library_partitions.build_add_request(sorted(library_ids - known, key=int))
         )
-    if known - library_ids:
-        partition_requests.append(
-            library_partitions.build_delete_request(sorted(known - library_ids, key=int))
-        )
+    gone = sorted(known - library_ids, key=_partition_order)
+    if gone:
+        partition_requests.append(library_partitions.build_delete_request(gone))
+    foreign = [key for key in gone if not is_library_key(key)]
+    removed = ""
+    if foreign:
+        shown = ", ".join(repr(key[:40]) for key in foreign[:5])
+        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        removed = f"removed partition keys that are not library ids: {shown}{more}; "
+        context.log.warning(removed.rstrip("; "))
     wanted = min(max_runs, -(-claimable // policy.run_claims))
     launches = max(0, wanted - runs_waiting(context.instance, library_profile_refresh.name))
     first = int(context.cursor or "0")
@@ -239,14 +404,79 @@ def library_profile_sensor(
     ]
     if runs:
         context.update_cursor(str(first + len(runs)))
+    reason = "nothing to refresh" if claimable == 0 else "runs already waiting to start"
+    skip = f"{removed}{reason} (claimable: {claimable}, expired leases: {plan.expired})"
     if not runs and not partition_requests:
-        reason = "nothing to refresh" if claimable == 0 else "runs already waiting to start"
-        return dg.SkipReason(f"{reason} (claimable: {claimable}, expired leases: {plan.expired})")
+        return dg.SkipReason(skip)
     context.log.info(
         f"planned {len(plan.inventory)} inventory and {len(plan.native)} native requests; "
         f"{claimable} claimable, launching {len(runs)} runs"
     )
-    return dg.SensorResult(run_requests=runs, dynamic_partitions_requests=partition_requests)
+    return dg.SensorResult(
+        run_requests=runs,
+        dynamic_partitions_requests=partition_requests,
+        skip_reason=None if runs else skip,
+    )
+
+
+# Stalled libraries reported per tick; the rest follow on later ticks, oldest first.
+STALL_BATCH = 500
+
+
+@dg.sensor(
+    minimum_interval_seconds=60,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Fails library_profile_current for every library whose inventory change "
+    "waits longer than INVENTORY_STALL_SECONDS, without a run and without claiming.",
+)
+def library_profile_staleness_sensor(
+    context: dg.SensorEvaluationContext, inventory_db: InventoryDatabase
+) -> dg.SensorResult | dg.SkipReason:
+    """A stall turns the check red even when no run touches the library: the tick reads
+    the stalled libraries and records one failed evaluation per newly stalled revision
+    (the cursor remembers which were reported), in one batch and without a run. The
+    refresh that acknowledges the library records the passing evaluation."""
+    policy = inventory_db.policy()
+    with inventory_db.connection() as conn:
+        stalled = service.stalled_libraries(conn, policy, STALL_BATCH)
+    reported: dict[str, int] = json.loads(context.cursor) if context.cursor else {}
+    known = set(context.instance.get_dynamic_partitions(PARTITIONS_NAME))
+    events = []
+    now_reported: dict[str, int] = {}
+    for lib in stalled:
+        partition = str(lib.library_id)
+        if partition not in known:
+            continue  # the partition sync adds it; reported on a later tick
+        now_reported[partition] = lib.revision
+        if reported.get(partition) == lib.revision:
+            continue
+        events.append(
+            dg.AssetCheckEvaluation(
+                asset_key=PROFILE_ASSET,
+                check_name=CHECK_NAME,
+                passed=False,
+                partition=partition,
+                description=(
+                    f"stalled: inventory revision {lib.revision} waiting "
+                    f"{lib.stalled_seconds // 60} min (acknowledged {lib.acknowledged_revision}, "
+                    f"threshold {policy.stall_seconds // 60} min)"
+                ),
+                metadata={
+                    "revision": lib.revision,
+                    "acknowledged_revision": lib.acknowledged_revision,
+                    "dirty_since": lib.dirty_since.isoformat(),
+                    "stalled_seconds": lib.stalled_seconds,
+                },
+                target_materialization_data=target_materialization(context.instance, partition),
+            )
+        )
+    cursor = json.dumps(now_reported, sort_keys=True)
+    if not events:
+        if cursor != (context.cursor or "{}"):
+            context.update_cursor(cursor)
+        return dg.SkipReason(f"no newly stalled library ({len(now_reported)} stalled)")
+    context.log.warning(f"{len(events)} libraries newly stalled ({len(now_reported)} stalled)")
+    return dg.SensorResult(asset_events=events, cursor=cursor)
 
 
 @dg.op
@@ -265,5 +495,8 @@ compaction_schedule = dg.ScheduleDefinition(
     job=profile_request_compaction,
     cron_schedule="17 3 * * *",
     default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="seed 000: terminal requests older than 30 days, in bounded batches.",
+    description="Terminal refresh requests older than the retention, in bounded batches.",
 )
+
+# Registered in definitions.py next to the definitions above.
+profile_sensors = [library_profile_staleness_sensor]

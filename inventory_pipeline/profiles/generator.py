@@ -120,6 +120,22 @@ def generate_profile(frame: pd.DataFrame) -> dict[str, Any]:
     }
 
 
+def held_back_reason(trait: dict[str, Any]) -> str | None:
+    """Why a trait of a generated profile is not published, per the coverage contract;
+    None when it is published."""
+    if trait.get("status") == "published":
+        return None
+    contributors = int(trait.get("contributors", 0))
+    coverage = float(trait.get("coverage", 0.0))
+    reasons = []
+    if contributors < MIN_CONTRIBUTORS:
+        noun = "item" if contributors == 1 else "items"
+        reasons.append(f"{contributors} contributing {noun}, need {MIN_CONTRIBUTORS}")
+    if coverage < MIN_COVERAGE:
+        reasons.append(f"coverage {coverage:g}, need {MIN_COVERAGE:g}")
+    return "insufficient: " + "; ".join(reasons or ["not published"])
+
+
 def top_genres(profile: dict[str, Any], limit: int = 5) -> list[tuple[str, float]]:
     genres = profile.get("genres", {})
     if genres.get("status") != "published":

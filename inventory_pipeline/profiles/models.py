@@ -37,6 +37,9 @@ class RefreshPolicy:
     run_claims: int = 500
     retention_days: int = 30
     compaction_batch: int = 1000
+    # A library dirty for longer than this is stalled: its profile check turns red
+    # even when no run touches it.
+    stall_seconds: int = 900
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,54 @@ class ProfileStatus:
         if self.items == 0:
             return self.profile_revision is None
         return self.profile_revision is not None and self.item_count == self.items
+
+    @property
+    def reason(self) -> str | None:
+        """Why the profile is not current, in one line; None when it is."""
+        if self.acknowledged_revision < self.revision:
+            return (
+                f"inventory revision {self.revision} not yet acknowledged "
+                f"(acknowledged {self.acknowledged_revision})"
+            )
+        if self.items == 0:
+            return None if self.profile_revision is None else "empty library still has a profile"
+        if self.profile_revision is None:
+            return f"no stored profile for {self.items} items"
+        if self.item_count != self.items:
+            return f"stored profile covers {self.item_count} items, the library has {self.items}"
+        return None
+
+
+@dataclass(frozen=True)
+class LibraryLabel:
+    """How a reader recognises a library: its name and its media server."""
+
+    library_id: int
+    name: str
+    media_kind: str
+    server_name: str
+    server_kind: str
+
+
+@dataclass(frozen=True)
+class StoredProfile:
+    """The published profile of a library as stored."""
+
+    library_id: int
+    inventory_revision: int
+    item_count: int
+    profile: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StalledLibrary:
+    """A library whose inventory revision has waited longer than the stall threshold."""
+
+    library_id: int
+    revision: int
+    acknowledged_revision: int
+    dirty_since: datetime
+    stalled_seconds: int
 
 
 @dataclass(frozen=True)

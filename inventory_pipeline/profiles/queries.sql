@@ -370,6 +370,30 @@ LEFT JOIN library_profiles p ON p.library_id = s.library_id
 WHERE s.library_id = ANY (%(library_ids)s)
 ORDER BY s.library_id;
 
+-- name: library_labels
+-- Name and media server of each library, for what a reader of a profile sees.
+SELECT l.id AS library_id, l.name, l.media_kind, m.name AS server_name, m.kind AS server_kind
+FROM libraries l
+JOIN media_servers m ON m.id = l.server_id
+WHERE l.id = ANY (%(library_ids)s)
+ORDER BY l.id;
+
+-- name: stored_profile
+-- The profile a library has now, as a reader of its latest materialization sees it.
+SELECT library_id, inventory_revision, item_count, profile
+FROM library_profiles
+WHERE library_id = %(library_id)s;
+
+-- name: stalled_libraries
+-- Libraries dirty for longer than the threshold, oldest first (the dirty index).
+SELECT s.library_id, s.revision, s.acknowledged_revision, s.dirty_since,
+       floor(extract(epoch FROM now() - s.dirty_since))::bigint AS stalled_seconds
+FROM library_inventory_state s
+WHERE s.revision > s.acknowledged_revision
+  AND s.dirty_since < now() - make_interval(secs => %(stall_seconds)s)
+ORDER BY s.dirty_since, s.library_id
+LIMIT %(limit)s;
+
 -- name: queue_overview
 -- Figures for `inventory-pipeline status` and sensor metadata.
 SELECT

@@ -27,10 +27,13 @@ from inventory_pipeline.profiles.models import (
     NATIVE_SOURCE,
     BackfillRequest,
     Claim,
+    LibraryLabel,
     PlannedRequest,
     ProfileStatus,
     QueueOverview,
     RefreshPolicy,
+    StalledLibrary,
+    StoredProfile,
 )
 
 QUERIES = load_queries("inventory_pipeline.profiles")
@@ -252,6 +255,48 @@ def profile_status(conn: Connection, library_ids: Sequence[int]) -> list[Profile
             profile_revision=r["profile_revision"],
             item_count=r["item_count"],
             items=r["items"],
+        )
+        for r in rows
+    ]
+
+
+def library_labels(conn: Connection, library_ids: Sequence[int]) -> list[LibraryLabel]:
+    rows = fetch_all(conn, QUERIES["library_labels"], {"library_ids": list(library_ids)})
+    return [
+        LibraryLabel(
+            library_id=r["library_id"],
+            name=r["name"],
+            media_kind=r["media_kind"],
+            server_name=r["server_name"],
+            server_kind=r["server_kind"],
+        )
+        for r in rows
+    ]
+
+
+def stored_profile(conn: Connection, library_id: int) -> StoredProfile | None:
+    row = fetch_one(conn, QUERIES["stored_profile"], {"library_id": library_id})
+    if row is None:
+        return None
+    return StoredProfile(
+        library_id=row["library_id"],
+        inventory_revision=row["inventory_revision"],
+        item_count=row["item_count"],
+        profile=row["profile"],
+    )
+
+
+def stalled_libraries(conn: Connection, stall_seconds: int, limit: int) -> list[StalledLibrary]:
+    rows = fetch_all(
+        conn, QUERIES["stalled_libraries"], {"stall_seconds": stall_seconds, "limit": limit}
+    )
+    return [
+        StalledLibrary(
+            library_id=r["library_id"],
+            revision=r["revision"],
+            acknowledged_revision=r["acknowledged_revision"],
+            dirty_since=r["dirty_since"],
+            stalled_seconds=r["stalled_seconds"],
         )
         for r in rows
     ]

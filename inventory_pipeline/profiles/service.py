@@ -30,12 +30,15 @@ from inventory_pipeline.profiles.models import (
     Claim,
     ClaimBatch,
     Completion,
+    LibraryLabel,
     Observation,
     Plan,
     PlannedRequest,
     ProfileStatus,
     QueueOverview,
     RefreshPolicy,
+    StalledLibrary,
+    StoredProfile,
 )
 
 Generator = Callable[[pd.DataFrame], dict[str, Any]]
@@ -322,6 +325,22 @@ def library_ids(conn: Connection) -> list[int]:
 
 def profile_status(conn: Connection, library_ids: Sequence[int]) -> list[ProfileStatus]:
     return repository.profile_status(conn, library_ids)
+
+
+def library_labels(conn: Connection, library_ids: Sequence[int]) -> dict[int, LibraryLabel]:
+    """Name and media server of each existing library, by id."""
+    return {label.library_id: label for label in repository.library_labels(conn, library_ids)}
+
+
+def stored_profile(conn: Connection, library_id: int) -> StoredProfile | None:
+    """The library's published profile, if it has one."""
+    return repository.stored_profile(conn, library_id)
+
+
+def stalled_libraries(conn: Connection, policy: RefreshPolicy, limit: int) -> list[StalledLibrary]:
+    """Libraries dirty for longer than `policy.stall_seconds`, oldest first, at most
+    `limit`. Reads only: it claims and leases nothing."""
+    return repository.stalled_libraries(conn, policy.stall_seconds, limit)
 
 
 def queue_overview(conn: Connection) -> QueueOverview:
