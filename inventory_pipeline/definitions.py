@@ -18,13 +18,6 @@ warnings.filterwarnings(
     message=r"Specifying a partitions_def on an AssetCheckSpec is currently in preview",
     category=dg.PreviewWarning,
 )
-# A single-run backfill policy turns a backfill of many libraries into one run that
-# claims them one at a time under leases, instead of one run per partition.
-warnings.filterwarnings(
-    "ignore",
-    message=r"Parameter `backfill_policy` of function `asset` is currently in beta",
-    category=dg.BetaWarning,
-)
 # Dagster's own SensorDefinition.with_attributes passes `owners=[]` (not None) when it
 # binds a sensor to its resolved job, so every sensor trips this; no sensor sets owners.
 warnings.filterwarnings(
@@ -70,6 +63,7 @@ defs = dg.Definitions(
         observation.provider_observation_sensor,
         credentials.credential_wakeup_sensor,
         stats.stats_refresh_sensor,
+        *profiles.profile_sensors,
         *stats_maintenance.maintenance_sensors,
     ],
     schedules=[profiles.compaction_schedule, *stats_maintenance.maintenance_schedules],

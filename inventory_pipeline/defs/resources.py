@@ -57,6 +57,7 @@ class InventoryDatabase(dg.ConfigurableResource):  # type: ignore[type-arg]
     run_claims: int = _POLICY_DEFAULTS.run_claims
     retention_days: int = _POLICY_DEFAULTS.retention_days
     compaction_batch: int = _POLICY_DEFAULTS.compaction_batch
+    stall_seconds: int = _POLICY_DEFAULTS.stall_seconds
     runs_per_tick: int = 4
 
     @contextlib.contextmanager

@@ -54,6 +54,7 @@ JOBS = [
 SENSORS = [
     "credential_wakeup_sensor",
     "library_profile_sensor",
+    "library_profile_staleness_sensor",
     "provider_observation_sensor",
     "stats_refresh_sensor",
     "stats_rollover_sensor",

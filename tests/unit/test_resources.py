@@ -12,6 +12,7 @@ from inventory_pipeline.defs.resources import (
     inventory_database,
     tmdb_resource,
 )
+from inventory_pipeline.profiles.models import RefreshPolicy
 from inventory_pipeline.settings import DEFAULT_TMDB_BASE_URL
 
 
@@ -24,6 +25,12 @@ def test_unset_variables_keep_the_defaults() -> None:
         2000,
     )
     assert inventory_database({}).run_claims == 500
+
+
+def test_every_policy_field_is_a_field_of_the_database_resource() -> None:
+    """A policy field the resource lacks would fail every tick that reads the policy."""
+    resource = InventoryDatabase(url="postgresql://localhost/x")
+    assert resource.policy() == RefreshPolicy()
 
 
 def test_set_variables_are_bound_not_copied(monkeypatch: pytest.MonkeyPatch) -> None:
