@@ -233,9 +233,7 @@ def test_code_server_webserver_and_daemon_run_the_pipeline_as_separate_processes
 ) -> None:
     code_port, web_port = free_port(), free_port()
     # Nothing of the pipeline's configuration leaks in from the test's own environment.
-    base = {
-        k: v for k, v in os.environ.items() if not k.startswith(("INVENTORY_", "DAGSTER_"))
-    }
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("INVENTORY_", "DAGSTER_"))}
     storage = {"INVENTORY_DAGSTER_STORAGE_URL": storage_url}
     code_env = {
         **base,
