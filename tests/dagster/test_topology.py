@@ -150,8 +150,12 @@ class Topology:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str, command: list[str], env: dict[str, str]) -> None:
+        # Run from the log folder: `python -m` puts the working directory first on the
+        # path, and the repository's would make the pipeline importable to any process.
         with (self.logs / f"{name}.log").open("wb") as log:
-            self.procs[name] = start_dagster(command, env, stdout=log, stderr=subprocess.STDOUT)
+            self.procs[name] = start_dagster(
+                command, env, stdout=log, stderr=subprocess.STDOUT, cwd=self.logs
+            )
 
     def tail(self) -> str:
         return "\n".join(
@@ -223,6 +227,17 @@ def dagster_home(root: Path, name: str) -> str:
     return str(home)
 
 
+def unimportable_pipeline(root: Path) -> str:
+    """A folder whose `inventory_pipeline` package fails on import, to put first on the
+    path of a process that must not load the code location."""
+    package = root / "unimportable" / "inventory_pipeline"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        'raise ImportError("only the code server imports inventory_pipeline")\n'
+    )
+    return str(package.parent)
+
+
 def test_code_server_webserver_and_daemon_run_the_pipeline_as_separate_processes(
     db_url: str,
     storage_url: str,
@@ -243,12 +258,14 @@ def test_code_server_webserver_and_daemon_run_the_pipeline_as_separate_processes
         "INVENTORY_TMDB_BASE_URL": standin.url,
     }
     # The webserver and the daemon know the instance storage and where the code server
-    # is; not the application database, the TMDb settings or the code.
+    # is; not the application database, the TMDb settings or the code: on their path
+    # the pipeline's package refuses to be imported.
     control_env = {
         **base,
         **storage,
         "INVENTORY_CODE_SERVER_HOST": "127.0.0.1",
         "INVENTORY_CODE_SERVER_PORT": str(code_port),
+        "PYTHONPATH": unimportable_pipeline(tmp_path),
     }
     workspace = ["-w", str(DEPLOY / "workspace.yaml")]
 
@@ -271,6 +288,7 @@ def test_code_server_webserver_and_daemon_run_the_pipeline_as_separate_processes
     migrated = subprocess.run(
         [sys.executable, "-m", "dagster", "instance", "migrate"],
         env={**control_env, "DAGSTER_HOME": dagster_home(tmp_path, "deploy_home")},
+        cwd=tmp_path,
         capture_output=True,
         timeout=120,
     )
