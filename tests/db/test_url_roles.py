@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from urllib.parse import quote
 
 import pytest
 import sqlalchemy
 from psycopg import conninfo
 
 from inventory_pipeline.db import connect, execute, fetch_one
-from inventory_pipeline.db.connection import build_url, url_with_database
+from inventory_pipeline.db.connection import url_with_database
 from inventory_pipeline.deployment import dagster_storage_url
 
 PASSWORD = "p@ss/w:rd%?#&= ;'\"é"
@@ -40,8 +41,13 @@ def special_role(server_url: str) -> Iterator[str]:
 
 def test_special_login_connects_through_both_drivers(db_url: str, special_role: str) -> None:
     params = {k: str(v) for k, v in conninfo.conninfo_to_dict(db_url).items() if v is not None}
-    login = build_url({**params, "user": special_role, "password": PASSWORD})
-    database = str(params["dbname"])
+    database = params["dbname"]
+    where = (
+        f"{params['host']}:{params.get('port', '5432')}/{database}"
+        if not params["host"].startswith("/")
+        else f"/{database}?host={quote(params['host'], safe='')}"
+    )
+    login = f"postgresql://{quote(special_role, safe='')}:{quote(PASSWORD, safe='')}@{where}"
     # What `provision` does: the same login, another database (here the same one).
     url = url_with_database(login, database)
     with connect(url) as conn:

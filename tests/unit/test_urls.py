@@ -7,13 +7,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from inventory_pipeline.db import InvalidDatabaseUrl
-from inventory_pipeline.db.connection import (
-    build_url,
-    redact_url,
-    scrub,
-    url_with_database,
-    validate_url,
-)
+from inventory_pipeline.db.connection import redact_url, url_with_database, validate_url
 from inventory_pipeline.deployment import dagster_storage_url
 
 # Each reserved character a user or password can hold, percent-encoded as users write it.
@@ -78,6 +72,8 @@ def test_another_database_keeps_every_parameter(url: str, expected: dict[str, st
 
 
 def test_build_url_round_trips() -> None:
+    from inventory_pipeline.db.connection import build_url
+
     params = {"user": USER, "password": PASSWORD, "host": "/tmp/s d", "dbname": "d?b"}
     assert libpq(build_url(params)) == params
 
@@ -105,4 +101,6 @@ def test_malformed_url_message_holds_no_password() -> None:
     with pytest.raises(InvalidDatabaseUrl) as caught:
         validate_url(url)
     assert "s3cr" not in str(caught.value) and "malformed database URL" in str(caught.value)
+    from inventory_pipeline.db.connection import scrub
+
     assert scrub("bad token s3cr%zzet", url) == "bad token ***"
