@@ -40,6 +40,7 @@ class Dev:
 
     def __init__(self, data_dir: Path, port: int, log: Path) -> None:
         self.data_dir, self.port, self.log = data_dir, port, log
+        self.seen: list[psutil.Process] = []  # for the clean-up after a failed test
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "inventory_pipeline.cli", "dev", "--port", str(port)],
@@ -57,10 +58,13 @@ class Dev:
             assert self.proc.poll() is None, self.output()[-3000:]
             assert time.monotonic() < deadline, self.output()[-3000:]
             time.sleep(0.3)
+        self.tree()
 
     def tree(self) -> list[psutil.Process]:
         """Every process this `dev` started (daemon, webserver, their code servers)."""
-        return psutil.Process(self.proc.pid).children(recursive=True)
+        found = psutil.Process(self.proc.pid).children(recursive=True)
+        self.seen += found
+        return found
 
     def postgres(self) -> psutil.Process:
         pid = int((self.data_dir / "pgdata" / "postmaster.pid").read_text().split()[0])
@@ -99,7 +103,8 @@ def devs(tmp_path: Path) -> Iterator[list[Dev]]:
     leftovers: list[psutil.Process] = []
     for dev in started:
         if dev.proc.poll() is None:
-            leftovers += dev.tree()
+            dev.tree()
+        leftovers += dev.seen
         dev.kill()
     for postmaster in tmp_path.glob("*/pgdata/postmaster.pid"):
         with contextlib.suppress(psutil.Error, ValueError, OSError):

@@ -10,7 +10,6 @@ import zipfile
 from pathlib import Path
 
 from inventory_pipeline.db.migrator import discover
-from inventory_pipeline.deployment import packaged
 
 SHIPPED = ("dagster.yaml", "workspace.yaml")
 SOURCES = ("pyproject.toml", "README.md", "inventory_pipeline", "migrations", *SHIPPED)
@@ -55,6 +54,8 @@ def test_wheel_ships_the_repository_files(repo_root: Path, tmp_path: Path) -> No
 
 
 def test_package_reads_its_own_copies(repo_root: Path) -> None:
+    from inventory_pipeline.deployment import packaged
+
     expected = repo_files(repo_root)
     for name in SHIPPED:
         assert packaged(name) == expected[name]
