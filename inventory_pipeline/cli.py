@@ -50,10 +50,10 @@ from inventory_pipeline.stats.models import WorkerSettings
 from inventory_pipeline.supervisor import (
     Children,
     Stopping,
+    StopSignals,
     SupervisorError,
     check_port_free,
     exclusive,
-    stop_on_signals,
     wait_for_webserver,
 )
 
@@ -204,11 +204,11 @@ def _dev(args: argparse.Namespace, settings: Settings) -> int:
     home = prepare_dagster_home(settings)  # fail fast on a missing DAGSTER_HOME
     try:
         with contextlib.ExitStack() as stack:
-            stack.enter_context(stop_on_signals())
+            signals = stack.enter_context(StopSignals().installed())
             if settings.database_url is None:
                 stack.enter_context(exclusive(settings.data_dir, "data folder"))
             stack.enter_context(exclusive(home, "Dagster instance"))
-            children = Children(home)
+            children = Children(home, signals)
             if children.recover():
                 _say("stopped the Dagster processes a killed `dev` left running")
             check_port_free(args.host, args.port)

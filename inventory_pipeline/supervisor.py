@@ -45,24 +45,45 @@ class Stopping(BaseException):
         self.signum = signum
 
 
-@contextlib.contextmanager
-def stop_on_signals() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP all raise `Stopping` once; a second signal while
-    stopping is ignored, so the clean-up it interrupted runs to its end."""
-    stopping = False
+class StopSignals:
+    """While installed, SIGINT, SIGTERM and SIGHUP raise `Stopping` once; a second
+    signal while stopping is ignored, so the clean-up it interrupted runs to its end.
+    Inside `deferred()` a signal waits for the block to end (a child started but not
+    yet recorded would otherwise escape the stop)."""
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        nonlocal stopping
-        if not stopping:
-            stopping = True
-            raise Stopping(signum)
+    def __init__(self) -> None:
+        self.stopping = False
+        self._pending: int | None = None
+        self._deferring = 0
 
-    previous = {signum: signal.signal(signum, on_signal) for signum in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if self.stopping:
+            return
+        if self._deferring:
+            self._pending = signum
+            return
+        self.stopping = True
+        raise Stopping(signum)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[StopSignals]:
+        previous = {signum: signal.signal(signum, self._on_signal) for signum in STOP_SIGNALS}
+        try:
+            yield self
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        self._deferring += 1
+        try:
+            yield
+        finally:
+            self._deferring -= 1
+            if not self._deferring and self._pending is not None and not self.stopping:
+                self.stopping = True
+                raise Stopping(self._pending)
 
 
 @contextlib.contextmanager
@@ -146,8 +167,9 @@ class Children:
     """Dagster processes started by this `dev`, each leading its own process group,
     recorded in the Dagster home until they are stopped."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, signals: StopSignals) -> None:
         self._record = home / GROUPS_FILE
+        self._signals = signals
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def recover(self) -> int:
@@ -164,8 +186,9 @@ class Children:
         return len(left)
 
     def start(self, name: str, command: list[str], env: dict[str, str]) -> None:
-        self.procs[name] = subprocess.Popen(command, env=env, start_new_session=True)
-        self._record.write_text(json.dumps([proc.pid for proc in self.procs.values()]))
+        with self._signals.deferred():  # started means recorded, whatever arrives
+            self.procs[name] = subprocess.Popen(command, env=env, start_new_session=True)
+            self._record.write_text(json.dumps([proc.pid for proc in self.procs.values()]))
 
     def exited(self) -> tuple[str, int] | None:
         """The first child that exited, with its exit code."""
