@@ -61,6 +61,16 @@ def run(
             "malformed database URL",
         ),
         (["status"], {"INVENTORY_TMDB_BASE_URL": "http://h/'; --?api_key=s3cret"}, "TMDb"),
+        (  # a percent-encoded password holding @ / : stays hidden
+            ["status"],
+            {"INVENTORY_DATABASE_URL": "postgresql://u:hunter2%40s3cret%2Fw%3Ard@127.0.0.1:1/x"},
+            "cannot connect to postgresql://u:***@127.0.0.1:1/x",
+        ),
+        (  # libpq names the malformed token: here it is the password
+            ["migrate"],
+            {"INVENTORY_DATABASE_URL": "postgresql://u:hunter2%zzs3cret@127.0.0.1:1/x"},
+            "malformed database URL 'postgresql://u:***@127.0.0.1:1/x'",
+        ),
     ],
 )
 def test_bad_input_is_one_line(args: list[str], env: dict[str, str], message: str) -> None:
