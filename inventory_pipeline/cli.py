@@ -197,36 +197,51 @@ def _run_dagster(
         time.sleep(0.5)
 
 
+def _serve(
+    args: argparse.Namespace,
+    settings: Settings,
+    home: Path,
+    signals: StopSignals,
+    stack: contextlib.ExitStack,
+) -> int:
+    """Take the locks, recover a killed `dev`, check the port, provision, then run
+    Dagster; everything started is pushed on `stack` to be stopped in reverse order."""
+    if settings.database_url is None:
+        stack.enter_context(exclusive(settings.data_dir, "data folder"))
+    stack.enter_context(exclusive(home, "Dagster instance"))
+    children = Children(home, signals)
+    if children.recover():
+        _say("stopped the Dagster processes a killed `dev` left running")
+    check_port_free(args.host, args.port)
+    deployment = stack.enter_context(provision(settings))
+    if args.demo:
+        # The demo observes a local TMDb stand-in: no internet, faults switchable.
+        standin = stack.enter_context(StandIn(api_key=DEMO_KEY, missing_every=17))
+        os.environ[TMDB_BASE_URL] = standin.url
+        with connect(deployment.app_url) as conn:
+            created = load_demo(conn)
+            recovery.save_provider_settings(conn, ProviderSettings(DEMO_KEY, True, None))
+        _say(f"demo inventory: {created} libraries loaded")
+        _say(
+            f"TMDb stand-in at {standin.url} (faults: POST "
+            f"{standin.url}/__standin/faults, see README)"
+        )
+    stack.callback(children.stop)  # first out: Dagster stops before its database
+    return _run_dagster(args, home, deployment, children)
+
+
 def _dev(args: argparse.Namespace, settings: Settings) -> int:
     """One `dev` per data folder and Dagster home; the port is checked before anything
     starts; SIGINT, SIGTERM and SIGHUP stop Dagster, the stand-in and the embedded
     PostgreSQL (see supervisor)."""
     home = prepare_dagster_home(settings)  # fail fast on a missing DAGSTER_HOME
     try:
-        with contextlib.ExitStack() as stack:
-            signals = stack.enter_context(StopSignals().installed())
-            if settings.database_url is None:
-                stack.enter_context(exclusive(settings.data_dir, "data folder"))
-            stack.enter_context(exclusive(home, "Dagster instance"))
-            children = Children(home, signals)
-            if children.recover():
-                _say("stopped the Dagster processes a killed `dev` left running")
-            check_port_free(args.host, args.port)
-            deployment = stack.enter_context(provision(settings))
-            if args.demo:
-                # The demo observes a local TMDb stand-in: no internet, faults switchable.
-                standin = stack.enter_context(StandIn(api_key=DEMO_KEY, missing_every=17))
-                os.environ[TMDB_BASE_URL] = standin.url
-                with connect(deployment.app_url) as conn:
-                    created = load_demo(conn)
-                    recovery.save_provider_settings(conn, ProviderSettings(DEMO_KEY, True, None))
-                _say(f"demo inventory: {created} libraries loaded")
-                _say(
-                    f"TMDb stand-in at {standin.url} (faults: POST "
-                    f"{standin.url}/__standin/faults, see README)"
-                )
-            stack.callback(children.stop)  # first out: Dagster stops before its database
-            return _run_dagster(args, home, deployment, children)
+        with StopSignals().installed() as signals, contextlib.ExitStack() as stack:
+            try:
+                return _serve(args, settings, home, signals, stack)
+            finally:
+                # Whatever ends `dev`, a later signal must not cut the clean-up short.
+                signals.unwinding()
     except Stopping as stop:
         _say(f"{stop} received: stopped")
         return 0

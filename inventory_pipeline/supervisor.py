@@ -74,6 +74,10 @@ class StopSignals:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
+    def unwinding(self) -> None:
+        """From now on signals are ignored: the caller is already stopping."""
+        self.stopping = True
+
     @contextlib.contextmanager
     def deferred(self) -> Iterator[None]:
         self._deferring += 1
