@@ -120,8 +120,8 @@ def test_signal_stops_the_whole_tree(signum: int, tmp_path: Path, devs: list[Dev
     dev = Dev(data, free_port(), tmp_path / "dev.log")
     devs.append(dev)
     dev.wait_announced()
-    tree, postgres = dev.tree(), dev.postgres()
-    assert len(tree) >= 3 and alive(postgres)  # daemon, webserver, code servers
+    postgres = dev.postgres()
+    assert len(dev.tree()) >= 2 and alive(postgres)  # daemon, webserver (+ code servers)
 
     # A second `dev` on the same data folder (another port), or on the same Dagster
     # instance from another data folder, is refused with one line.
@@ -149,7 +149,8 @@ def test_signal_stops_the_whole_tree(signum: int, tmp_path: Path, devs: list[Dev
         assert ANNOUNCED not in second.stdout
     assert not (tmp_path / "other" / "pgdata").exists()
 
-    assert dev.stop(signum) == 0
+    tree = dev.tree()  # with the code servers spawned meanwhile
+    assert dev.stop(signum) == 0, dev.output()[-3000:]
     assert_all_gone([*tree, postgres])
     assert f"{signal.Signals(signum).name} received: stopped" in dev.output()
 
@@ -169,7 +170,7 @@ def test_killed_dev_is_recovered_by_the_next(tmp_path: Path, devs: list[Dev]) ->
     assert "stopped the Dagster processes a killed `dev` left running" in second.output()
     assert_all_gone(orphans, timeout=1)
     tree, postgres = second.tree(), second.postgres()
-    assert second.stop(signal.SIGINT) == 0  # Ctrl-C
+    assert second.stop(signal.SIGINT) == 0, second.output()[-3000:]  # Ctrl-C
     assert_all_gone([*tree, postgres])
 
 
