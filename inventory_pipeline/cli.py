@@ -11,12 +11,10 @@ import contextlib
 import getpass
 import os
 import re
-import signal
-import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from inventory_pipeline.credentials import service as credentials
@@ -29,8 +27,7 @@ from inventory_pipeline.deployment import (
     Deployment,
     prepare_dagster_home,
     provision,
-    start_dagster,
-    stop_dagster,
+    reach,
 )
 from inventory_pipeline.profiles import service
 from inventory_pipeline.provider import admission
@@ -50,6 +47,15 @@ from inventory_pipeline.stats import maintenance as stats_maintenance
 from inventory_pipeline.stats import processors as stats
 from inventory_pipeline.stats import runbook as stats_runbook
 from inventory_pipeline.stats.models import WorkerSettings
+from inventory_pipeline.supervisor import (
+    Children,
+    Stopping,
+    StopSignals,
+    SupervisorError,
+    check_port_free,
+    exclusive,
+    wait_for_webserver,
+)
 
 PROG = "inventory-pipeline"
 CODE_LOCATION = "inventory_pipeline.definitions"
@@ -159,23 +165,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _wait_for_webserver(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise CliError(f"the Dagster webserver exited with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/server_info", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise CliError(f"the Dagster webserver did not answer at {url} within {timeout:.0f} s")
+def _say(message: str) -> None:
+    """Print a status line; a closed terminal (SIGHUP) must not stop the clean-up."""
+    with contextlib.suppress(OSError):
+        print(f"{PROG}: {message}", flush=True)
 
 
-def _run_dagster(args: argparse.Namespace, settings: Settings, deployment: Deployment) -> int:
-    home = prepare_dagster_home(settings)
+def _run_dagster(
+    args: argparse.Namespace, home: Path, deployment: Deployment, children: Children
+) -> int:
     env = dict(os.environ)
     env.update(
         {
@@ -185,52 +183,68 @@ def _run_dagster(args: argparse.Namespace, settings: Settings, deployment: Deplo
         }
     )
     location = ["-m", CODE_LOCATION]
-    daemon = start_dagster([*DAEMON_COMMAND, "run", *location], env)
-    webserver = start_dagster(
-        [*WEBSERVER_COMMAND, "-h", args.host, "-p", str(args.port), *location], env
+    children.start("daemon", [*DAEMON_COMMAND, "run", *location], env)
+    children.start(
+        "webserver", [*WEBSERVER_COMMAND, "-h", args.host, "-p", str(args.port), *location], env
     )
-    procs = [webserver, daemon]
-    stopping = False
+    url = f"http://{args.host}:{args.port}"
+    wait_for_webserver(url, args.port, children.procs["webserver"])
+    _say(f"Dagster UI at {url} (Ctrl-C stops everything)")
+    while True:
+        exited = children.exited()
+        if exited is not None:
+            raise CliError(f"the Dagster {exited[0]} exited with code {exited[1]}")
+        time.sleep(0.5)
 
-    def on_signal(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    try:
-        url = f"http://{args.host}:{args.port}"
-        _wait_for_webserver(url, webserver, timeout=120)
-        print(f"{PROG}: Dagster UI at {url} (Ctrl-C stops everything)", flush=True)
-        while not stopping:
-            for proc in procs:
-                if proc.poll() is not None:
-                    name = "webserver" if proc is webserver else "daemon"
-                    raise CliError(f"the Dagster {name} exited with code {proc.returncode}")
-            time.sleep(0.5)
-        return 0
-    finally:
-        for proc in procs:
-            stop_dagster(proc)
+def _serve(
+    args: argparse.Namespace,
+    settings: Settings,
+    home: Path,
+    signals: StopSignals,
+    stack: contextlib.ExitStack,
+) -> int:
+    """Take the locks, recover a killed `dev`, check the port, provision, then run
+    Dagster; everything started is pushed on `stack` to be stopped in reverse order."""
+    if settings.database_url is None:
+        stack.enter_context(exclusive(settings.data_dir, "data folder"))
+    stack.enter_context(exclusive(home, "Dagster instance"))
+    children = Children(home, signals)
+    if children.recover():
+        _say("stopped the Dagster processes a killed `dev` left running")
+    check_port_free(args.host, args.port)
+    deployment = stack.enter_context(provision(settings))
+    if args.demo:
+        # The demo observes a local TMDb stand-in: no internet, faults switchable.
+        standin = stack.enter_context(StandIn(api_key=DEMO_KEY, missing_every=17))
+        os.environ[TMDB_BASE_URL] = standin.url
+        with connect(deployment.app_url) as conn:
+            created = load_demo(conn)
+            recovery.save_provider_settings(conn, ProviderSettings(DEMO_KEY, True, None))
+        _say(f"demo inventory: {created} libraries loaded")
+        _say(
+            f"TMDb stand-in at {standin.url} (faults: POST "
+            f"{standin.url}/__standin/faults, see README)"
+        )
+    stack.callback(children.stop)  # first out: Dagster stops before its database
+    return _run_dagster(args, home, deployment, children)
 
 
 def _dev(args: argparse.Namespace, settings: Settings) -> int:
-    prepare_dagster_home(settings)  # fail fast on a missing DAGSTER_HOME
-    with provision(settings) as deployment, contextlib.ExitStack() as stack:
-        if args.demo:
-            # The demo observes a local TMDb stand-in: no internet, faults switchable.
-            standin = stack.enter_context(StandIn(api_key=DEMO_KEY, missing_every=17))
-            os.environ[TMDB_BASE_URL] = standin.url
-            with connect(deployment.app_url) as conn:
-                created = load_demo(conn)
-                recovery.save_provider_settings(conn, ProviderSettings(DEMO_KEY, True, None))
-            print(f"{PROG}: demo inventory: {created} libraries loaded", flush=True)
-            print(
-                f"{PROG}: TMDb stand-in at {standin.url} (faults: POST "
-                f"{standin.url}/__standin/faults, see README)",
-                flush=True,
-            )
-        return _run_dagster(args, settings, deployment)
+    """One `dev` per data folder and Dagster home; the port is checked before anything
+    starts; SIGINT, SIGTERM and SIGHUP stop Dagster, the stand-in and the embedded
+    PostgreSQL (see supervisor)."""
+    home = prepare_dagster_home(settings)  # fail fast on a missing DAGSTER_HOME
+    try:
+        with StopSignals().installed() as signals, contextlib.ExitStack() as stack:
+            try:
+                return _serve(args, settings, home, signals, stack)
+            finally:
+                # Whatever ends `dev`, a later signal must not cut the clean-up short.
+                signals.unwinding()
+    except Stopping as stop:
+        _say(f"{stop} received: stopped")
+        return 0
 
 
 def _migrate(settings: Settings) -> int:
@@ -240,7 +254,7 @@ def _migrate(settings: Settings) -> int:
 
 
 def _demo(settings: Settings) -> int:
-    with provision(settings) as deployment, connect(deployment.app_url) as conn:
+    with reach(settings) as deployment, connect(deployment.app_url) as conn:
         created = load_demo(conn)
     print(
         f"{PROG}: {created} demo libraries loaded"
@@ -251,7 +265,7 @@ def _demo(settings: Settings) -> int:
 
 
 def _status(settings: Settings) -> int:
-    with provision(settings) as deployment, connect(deployment.app_url) as conn:
+    with reach(settings) as deployment, connect(deployment.app_url) as conn:
         overview = service.queue_overview(conn)
         due = recovery.due_items(conn)
         paused = recovery.admission_paused_seconds(conn)
@@ -312,7 +326,7 @@ def _print_notice(result: ObservationResult) -> None:
 
 
 def _observe(args: argparse.Namespace, settings: Settings) -> int:
-    with provision(settings) as deployment:
+    with reach(settings) as deployment:
         with connect(deployment.app_url) as conn:
             admission.set_rate(conn, settings.tmdb_rate)
         with TmdbClient(settings.tmdb_base_url) as client:
@@ -336,7 +350,7 @@ def _tmdb_key(args: argparse.Namespace, settings: Settings) -> int:
         key = sys.stdin.readline().strip()
     if not key or any(c.isspace() for c in key) or len(key) > 512:
         raise CliError("the TMDb key must be one non-empty line without spaces")
-    with provision(settings) as deployment, connect(deployment.app_url) as conn:
+    with reach(settings) as deployment, connect(deployment.app_url) as conn:
         recovery.save_provider_settings(
             conn, ProviderSettings(key, not args.inactive, args.language)
         )
@@ -345,14 +359,14 @@ def _tmdb_key(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _mark_dirty(settings: Settings) -> int:
-    with provision(settings) as deployment, connect(deployment.app_url) as conn:
+    with reach(settings) as deployment, connect(deployment.app_url) as conn:
         marked = service.mark_all_dirty(conn)
     print(f"{PROG}: {marked} libraries marked dirty; the planner queues their refresh")
     return 0
 
 
 def _refresh(args: argparse.Namespace, settings: Settings) -> int:
-    with provision(settings) as deployment, connect(deployment.app_url) as conn:
+    with reach(settings) as deployment, connect(deployment.app_url) as conn:
         plan = service.plan(conn, settings.policy)
         completions = list(service.refresh(conn, settings.policy, max_claims=args.limit))
     outcomes: dict[str, int] = {}
@@ -373,7 +387,7 @@ def _print_settings(current: WorkerSettings) -> None:
 
 
 def _stats(args: argparse.Namespace, settings: Settings) -> int:
-    with provision(settings) as deployment, connect(deployment.app_url) as conn:
+    with reach(settings) as deployment, connect(deployment.app_url) as conn:
         try:
             if args.stats_command == "settings":
                 changes = {dest: getattr(args, dest) for _, dest, _, _ in STATS_SETTING_FLAGS}
@@ -424,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "stats":
             return _stats(args, settings)
         return _refresh(args, settings)
-    except (SettingsError, DatabaseError, CliError) as exc:
+    except (SettingsError, DatabaseError, CliError, SupervisorError) as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"{PROG}: error: {message}", file=sys.stderr)
         return 1

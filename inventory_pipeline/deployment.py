@@ -2,23 +2,24 @@
 
 With no INVENTORY_DATABASE_URL, an embedded PostgreSQL runs from the data folder and
 holds two databases (application and Dagster storage). With the URL, that server is
-used and none is started. Either way the application database is migrated and the
-Dagster storage database exists before Dagster starts.
+used and none is started. `provision` (for `dev` and `migrate`) creates both databases
+and migrates the application one; `reach` (every other command) only checks that the
+schema is current and says to run `inventory-pipeline migrate` when it is not.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
-from inventory_pipeline.db import connect
+from inventory_pipeline.db import SchemaBehind, connect
 from inventory_pipeline.db.connection import (
     create_database,
     database_exists,
@@ -27,7 +28,7 @@ from inventory_pipeline.db.connection import (
     validate_url,
 )
 from inventory_pipeline.db.embedded import EmbeddedServer
-from inventory_pipeline.db.migrator import migrate
+from inventory_pipeline.db.migrator import migrate, require_current
 from inventory_pipeline.settings import Settings, SettingsError
 
 # Dagster's processes, run with this interpreter (no reliance on console scripts on PATH).
@@ -62,7 +63,13 @@ def stop_dagster(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
 
 APP_DATABASE = "inventory"
 DAGSTER_DATABASE = "inventory_dagster"
-DAGSTER_YAML = Path(__file__).resolve().parents[1] / "dagster.yaml"
+# The repository's dagster.yaml, shipped inside the package (see pyproject.toml).
+DAGSTER_YAML = "dagster.yaml"
+
+
+def packaged(name: str) -> bytes:
+    """A file the package ships (dagster.yaml, workspace.yaml, migrations/...)."""
+    return resources.files("inventory_pipeline").joinpath(name).read_bytes()
 
 
 @dataclass(frozen=True)
@@ -88,32 +95,57 @@ def ensure_database(admin_url: str, name: str) -> None:
 
 
 @contextlib.contextmanager
+def _server(settings: Settings) -> Iterator[tuple[str, str, int | None]]:
+    """The admin URL, application URL and embedded server pid (None for a configured
+    server) while the server is in use; an embedded one is let go of afterwards."""
+    if settings.database_url is not None:
+        yield settings.database_url, settings.database_url, None
+        return
+    server = EmbeddedServer(settings.data_dir / "pgdata")
+    server.start()
+    try:
+        yield server.url("postgres"), server.url(APP_DATABASE), server.pid
+    finally:
+        server.stop()
+
+
+def _dagster_url(settings: Settings, app_url: str, embedded: bool) -> tuple[str, str | None]:
+    """Dagster's storage URL and the database to create for it (None when configured)."""
+    if settings.dagster_storage_url is not None:
+        validate_url(settings.dagster_storage_url.replace("+psycopg2", ""))
+        return settings.dagster_storage_url, None
+    name = DAGSTER_DATABASE if embedded else database_name(app_url) + "_dagster"
+    return url_with_database(app_url, name), name
+
+
+@contextlib.contextmanager
 def provision(settings: Settings) -> Iterator[Deployment]:
     """Start (or reach) the server, create both databases, migrate the application one."""
-    server: EmbeddedServer | None = None
-    if settings.database_url is None:
-        server = EmbeddedServer(settings.data_dir / "pgdata")
-        server.start()
-        admin_url = server.url("postgres")
-        app_url = server.url(APP_DATABASE)
-        ensure_database(admin_url, APP_DATABASE)
-    else:
-        app_url = settings.database_url
-        admin_url = app_url
-    try:
-        if settings.dagster_storage_url is not None:
-            validate_url(settings.dagster_storage_url.replace("+psycopg2", ""))
-            dagster_url = settings.dagster_storage_url
-        else:
-            name = DAGSTER_DATABASE if server else database_name(app_url) + "_dagster"
-            ensure_database(admin_url, name)
-            dagster_url = url_with_database(app_url, name)
+    with _server(settings) as (admin_url, app_url, pid):
+        if pid is not None:
+            ensure_database(admin_url, APP_DATABASE)
+        dagster_url, create = _dagster_url(settings, app_url, pid is not None)
+        if create is not None:
+            ensure_database(admin_url, create)
         with connect(app_url) as conn:
             migrate(conn)
-        yield Deployment(app_url, dagster_storage_url(dagster_url), server.pid if server else None)
-    finally:
-        if server is not None:
-            server.stop()
+        yield Deployment(app_url, dagster_storage_url(dagster_url), pid)
+
+
+@contextlib.contextmanager
+def reach(settings: Settings) -> Iterator[Deployment]:
+    """Start (or reach) the server and check the schema is current; creates nothing."""
+    with _server(settings) as (admin_url, app_url, pid):
+        if pid is not None:
+            with connect(admin_url) as admin:
+                if not database_exists(admin, APP_DATABASE):
+                    raise SchemaBehind(
+                        "the embedded database is not set up; run `inventory-pipeline migrate`"
+                    )
+        with connect(app_url) as conn:
+            require_current(conn)
+        dagster_url, _ = _dagster_url(settings, app_url, pid is not None)
+        yield Deployment(app_url, dagster_storage_url(dagster_url), pid)
 
 
 def prepare_dagster_home(settings: Settings, env: dict[str, str] | None = None) -> Path:
@@ -130,5 +162,5 @@ def prepare_dagster_home(settings: Settings, env: dict[str, str] | None = None) 
         home.mkdir(parents=True, exist_ok=True)
     target = home / "dagster.yaml"
     if not configured or not target.exists():
-        shutil.copyfile(DAGSTER_YAML, target)
+        target.write_bytes(packaged(DAGSTER_YAML))
     return home.resolve()

@@ -21,6 +21,7 @@ from inventory_pipeline.db.errors import (
     InvalidDatabaseUrl,
     LockNotAvailable,
     MigrationError,
+    SchemaBehind,
 )
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "LockNotAvailable",
     "MigrationError",
     "Row",
+    "SchemaBehind",
     "connect",
     "execute",
     "fetch_all",

@@ -11,6 +11,7 @@ import contextlib
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NoReturn, TypeAlias
+from urllib.parse import quote, unquote
 
 import psycopg
 from psycopg import conninfo, errors, sql
@@ -28,12 +29,52 @@ Connection: TypeAlias = psycopg.Connection[DictRow]
 Row: TypeAlias = dict[str, Any]
 Params: TypeAlias = Mapping[str, Any] | Sequence[Any] | None
 
-_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")
+# A `password=` parameter, in a URL query or a key=value connection string.
+_PASSWORD_PARAM = re.compile(r"((?:^|[?&\s])password\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]*)", re.I)
+
+
+def _userinfo_end(rest: str) -> int:
+    """Where the user info of `user:password@host/...` ends (its `@`), or -1.
+
+    Conservative on purpose: a password typed without percent-encoding may hold `/`, `?`
+    or `@`, so the user info runs to the last `@` before the query that follows the
+    first `@`; a message then hides too much rather than part of a password."""
+    first = rest.find("@")
+    if first < 0:
+        return -1
+    query = rest.find("?", first)
+    return rest.rfind("@", 0, query if query >= 0 else len(rest))
 
 
 def redact_url(url: str) -> str:
-    """Hide the password of a URL so it can appear in a message."""
-    return _PASSWORD.sub(r"\1***@", url)
+    """Hide the password of a URL (user info or `password=` parameter) for a message."""
+    scheme, sep, rest = url.partition("://")
+    if sep:
+        end = _userinfo_end(rest)
+        user, colon, _ = rest[: max(end, 0)].partition(":")
+        if end >= 0 and colon:
+            rest = f"{user}:***{rest[end:]}"
+        url = scheme + sep + rest
+    return _PASSWORD_PARAM.sub(r"\1***", url)
+
+
+def _passwords(url: str) -> set[str]:
+    """The password as written in `url` and decoded (to scrub it from driver messages)."""
+    found: set[str] = set()
+    _, sep, rest = url.partition("://")
+    end = _userinfo_end(rest) if sep else -1
+    if end >= 0 and ":" in rest[:end]:
+        found.add(rest[:end].partition(":")[2])
+    found.update(match.group(2) for match in _PASSWORD_PARAM.finditer(url))
+    found.update({unquote(value) for value in found})
+    return {value for value in found if value}
+
+
+def scrub(message: str, url: str) -> str:
+    """`message` with any form of `url`'s password replaced by ***."""
+    for secret in sorted(_passwords(url), key=len, reverse=True):
+        message = message.replace(secret, "***")
+    return message
 
 
 def validate_url(url: str) -> None:
@@ -45,7 +86,8 @@ def validate_url(url: str) -> None:
     try:
         conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
-        raise InvalidDatabaseUrl(f"malformed database URL {redact_url(url)!r}: {exc}") from None
+        reason = scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else "", url)
+        raise InvalidDatabaseUrl(f"malformed database URL {redact_url(url)!r}: {reason}") from None
 
 
 # The pipeline never keeps a transaction open across I/O or computation, so a session
@@ -72,6 +114,7 @@ def connect(
         )
     except psycopg.OperationalError as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = scrub(reason, url)
         raise DatabaseUnavailable(
             f"cannot connect to {redact_url(url)}: {reason}", exc.sqlstate
         ) from None
@@ -203,32 +246,50 @@ def database_exists(conn: Connection, name: str) -> bool:
 
 
 def url_with_database(url: str, database: str) -> str:
-    """The same server and credentials, another database."""
+    """The same server, credentials and options, another database."""
     params = conninfo.conninfo_to_dict(url)
     params["dbname"] = database
-    host = params.pop("host", None)
-    port = params.pop("port", None)
-    user = params.pop("user", None)
-    password = params.pop("password", None)
+    return build_url({key: str(value) for key, value in params.items() if value is not None})
+
+
+def _host_in_netloc(host: str) -> str | None:
+    """`host` as written between `@` and `/`, or None when it must go in the query
+    (a socket folder, several hosts, anything with a reserved character)."""
+    if ":" in host and all(c in "0123456789abcdefABCDEF:." for c in host):
+        return f"[{host}]"  # an IPv6 address
+    if host and all(c.isalnum() or c in "-._" for c in host):
+        return host
+    return None
+
+
+def build_url(params: Mapping[str, str]) -> str:
+    """A postgresql:// URL for libpq connection parameters, every part percent-encoded
+    so that libpq and SQLAlchemy (Dagster's storage) read back the same parameters."""
+    rest = dict(params)
+    database = rest.pop("dbname", "")
+    user = rest.pop("user", "")
+    password = rest.pop("password", "")
+    host = rest.pop("host", "")
+    port = rest.pop("port", "")
     auth = ""
     if user:
-        auth = str(user) + (f":{password}" if password else "") + "@"
-    netloc = ""
-    query: list[str] = []
-    if host and str(host).startswith("/"):
-        query.append(f"host={host}")
-    elif host:
-        netloc = str(host)
-    if port:
-        if netloc:
-            netloc += f":{port}"
-        else:
-            query.append(f"port={port}")
-    for key, value in params.items():
-        if key != "dbname" and value is not None:
-            query.append(f"{key}={value}")
-    suffix = ("?" + "&".join(query)) if query else ""
-    return f"postgresql://{auth}{netloc}/{database}{suffix}"
+        auth = quote(user, safe="") + (":" + quote(password, safe="") if password else "") + "@"
+    elif password:
+        rest["password"] = password
+    netloc = _host_in_netloc(host) if host else ""
+    if netloc is None:
+        netloc = ""
+        rest = {"host": host, **rest}
+    if port and netloc and port.isdigit():
+        netloc += f":{port}"
+    elif port:
+        rest["port"] = port
+    query = "&".join(
+        f"{quote(key, safe='')}={quote(value, safe='/')}" for key, value in rest.items()
+    )
+    return f"postgresql://{auth}{netloc}/{quote(database, safe='')}" + (
+        f"?{query}" if query else ""
+    )
 
 
 def database_name(url: str) -> str:
@@ -244,6 +305,7 @@ __all__ = [
     "Connection",
     "DatabaseError",
     "Row",
+    "build_url",
     "connect",
     "create_database",
     "database_exists",
@@ -258,6 +320,7 @@ __all__ = [
     "jsonb",
     "redact_url",
     "savepoint",
+    "scrub",
     "snapshot",
     "transaction",
     "url_with_database",

@@ -30,5 +30,9 @@ class MigrationError(DatabaseError):
     """The migrations cannot be applied."""
 
 
+class SchemaBehind(MigrationError):
+    """The database schema is behind; run `inventory-pipeline migrate`."""
+
+
 class LockNotAvailable(DatabaseError):
     """A lock could not be taken within its timeout."""

@@ -11,21 +11,25 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from importlib import resources
+from importlib.resources.abc import Traversable
 
 from inventory_pipeline.db.connection import (
     Connection,
+    Row,
     execute,
     execute_script,
     fetch_all,
+    fetch_one,
     transaction,
 )
-from inventory_pipeline.db.errors import DatabaseError, MigrationError
+from inventory_pipeline.db.errors import DatabaseError, MigrationError, SchemaBehind
 from inventory_pipeline.db.queries import load_queries
 
 _QUERIES = load_queries("inventory_pipeline.db", "migrator.sql")
 _FILENAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
-DEFAULT_DIRECTORY = Path(__file__).resolve().parents[2] / "migrations"
+# The repository's migrations/ folder, shipped inside the package (see pyproject.toml).
+DEFAULT_DIRECTORY: Traversable = resources.files("inventory_pipeline").joinpath("migrations")
 
 
 @dataclass(frozen=True)
@@ -43,12 +47,15 @@ class Migration:
         return f"{self.version:04d}_{self.name}.sql"
 
 
-def discover(directory: Path = DEFAULT_DIRECTORY) -> list[Migration]:
+def discover(directory: Traversable = DEFAULT_DIRECTORY) -> list[Migration]:
     """Read `NNNN_name.sql` files in version order; versions must be unique."""
     if not directory.is_dir():
         raise MigrationError(f"migrations folder not found: {directory}")
     found: dict[int, Migration] = {}
-    for path in sorted(directory.glob("*.sql")):
+    for path in sorted(
+        (entry for entry in directory.iterdir() if entry.name.endswith(".sql")),
+        key=lambda entry: entry.name,
+    ):
         match = _FILENAME.match(path.name)
         if match is None:
             raise MigrationError(f"migration file name must be NNNN_name.sql: {path.name}")
@@ -59,29 +66,57 @@ def discover(directory: Path = DEFAULT_DIRECTORY) -> list[Migration]:
     return [found[v] for v in sorted(found)]
 
 
-def migrate(conn: Connection, directory: Path = DEFAULT_DIRECTORY) -> list[Migration]:
+def pending(conn: Connection, directory: Traversable = DEFAULT_DIRECTORY) -> list[Migration]:
+    """The migrations this version has and the database lacks (none applied here).
+
+    Raises when the two disagree in a way migrating cannot fix: the database holds a
+    migration this version does not know, or one whose file differs."""
+    migrations = discover(directory)
+    row = fetch_one(conn, _QUERIES["ledger_exists"])
+    if row is None or not row["present"]:
+        return migrations
+    applied = {row["version"]: row for row in fetch_all(conn, _QUERIES["applied"])}
+    _check_applied(migrations, applied)
+    return [m for m in migrations if m.version not in applied]
+
+
+def require_current(conn: Connection, directory: Traversable = DEFAULT_DIRECTORY) -> None:
+    """Refuse to work on a schema that is behind: only `dev` and `migrate` migrate."""
+    missing = pending(conn, directory)
+    if missing:
+        raise SchemaBehind(
+            f"the database schema is behind ({len(missing)} migrations pending, from "
+            f"{missing[0].filename}); run `inventory-pipeline migrate`"
+        )
+
+
+def _check_applied(migrations: list[Migration], applied: dict[int, Row]) -> None:
+    known = {m.version: m for m in migrations}
+    for version, row in applied.items():
+        migration = known.get(version)
+        if migration is None:
+            raise MigrationError(
+                f"database has migration {version:04d}_{row['name']}.sql, "
+                "which is not in the migrations folder (is this checkout older?)"
+            )
+        if row["checksum"] != migration.checksum:
+            raise MigrationError(
+                f"migration {migration.filename} was edited after it was applied; "
+                "add a new migration instead"
+            )
+
+
+def migrate(conn: Connection, directory: Traversable = DEFAULT_DIRECTORY) -> list[Migration]:
     """Apply the missing migrations; returns those applied by this call."""
     migrations = discover(directory)
     execute(conn, _QUERIES["lock"])
     try:
         execute(conn, _QUERIES["create_ledger"])
         applied = {row["version"]: row for row in fetch_all(conn, _QUERIES["applied"])}
-        known = {m.version for m in migrations}
-        for version, row in applied.items():
-            if version not in known:
-                raise MigrationError(
-                    f"database has migration {version:04d}_{row['name']}.sql, "
-                    "which is not in the migrations folder (is this checkout older?)"
-                )
+        _check_applied(migrations, applied)
         done: list[Migration] = []
         for migration in migrations:
-            record = applied.get(migration.version)
-            if record is not None:
-                if record["checksum"] != migration.checksum:
-                    raise MigrationError(
-                        f"migration {migration.filename} was edited after it was applied; "
-                        "add a new migration instead"
-                    )
+            if migration.version in applied:
                 continue
             try:
                 with transaction(conn):

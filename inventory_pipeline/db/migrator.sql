@@ -14,6 +14,10 @@ SELECT pg_advisory_lock(hashtext('inventory_pipeline.migrations'));
 -- name: unlock
 SELECT pg_advisory_unlock(hashtext('inventory_pipeline.migrations'));
 
+-- name: ledger_exists
+-- Has anything ever migrated this database? (Reading, never creating, the ledger.)
+SELECT to_regclass('schema_migrations') IS NOT NULL AS present;
+
 -- name: applied
 SELECT version, name, checksum FROM schema_migrations ORDER BY version;
 

@@ -6,15 +6,23 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from inventory_pipeline.db import connect, execute
+from inventory_pipeline.db import connect, execute, fetch_all, fetch_one
+from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
+from inventory_pipeline.db.migrator import discover, migrate
+from tests.db.test_migrations import copy_migrations
 
 
 def run(
-    args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None
+    args: list[str],
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    stdin: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("INVENTORY_", "DAGSTER_"))}
     full_env.update(env or {})
@@ -22,6 +30,7 @@ def run(
         [sys.executable, "-m", "inventory_pipeline.cli", *args],
         env=full_env,
         cwd=cwd,
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=120,
@@ -52,6 +61,16 @@ def run(
             "malformed database URL",
         ),
         (["status"], {"INVENTORY_TMDB_BASE_URL": "http://h/'; --?api_key=s3cret"}, "TMDb"),
+        (  # a percent-encoded password holding @ / : stays hidden
+            ["status"],
+            {"INVENTORY_DATABASE_URL": "postgresql://u:hunter2%40s3cret%2Fw%3Ard@127.0.0.1:1/x"},
+            "cannot connect to postgresql://u:***@127.0.0.1:1/x",
+        ),
+        (  # libpq names the malformed token: here it is the password
+            ["migrate"],
+            {"INVENTORY_DATABASE_URL": "postgresql://u:hunter2%zzs3cret@127.0.0.1:1/x"},
+            "malformed database URL 'postgresql://u:***@127.0.0.1:1/x'",
+        ),
     ],
 )
 def test_bad_input_is_one_line(args: list[str], env: dict[str, str], message: str) -> None:
@@ -154,3 +173,74 @@ def test_hostile_key_is_saved_verbatim(db_url: str) -> None:
     with connect(db_url) as conn:
         row = fetch_one(conn, "SELECT api_key, language, active FROM provider_settings")
     assert row == {"api_key": hostile, "language": "fr-FR", "active": True}
+
+
+@pytest.fixture
+def empty_url(server_url: str) -> Iterator[str]:
+    """A database nothing has migrated."""
+    name = f"inventory_unmigrated_{uuid.uuid4().hex[:10]}"
+    with connect(server_url) as admin:
+        create_database(admin, name)
+    try:
+        yield url_with_database(server_url, name)
+    finally:
+        with connect(server_url) as admin:
+            drop_database(admin, name)
+            drop_database(admin, f"{name}_dagster")
+
+
+DATA_COMMANDS = [
+    ["status"],
+    ["demo"],
+    ["refresh"],
+    ["observe", "--limit", "1"],
+    ["mark-dirty"],
+    ["tmdb-key"],
+    ["stats", "settings"],
+]
+
+
+def ledger(url: str) -> list[int] | None:
+    with connect(url) as conn:
+        row = fetch_one(conn, "SELECT to_regclass('schema_migrations') IS NOT NULL AS present")
+        if row is None or not row["present"]:
+            return None
+        return [r["version"] for r in fetch_all(conn, "SELECT version FROM schema_migrations")]
+
+
+def test_data_commands_never_migrate(empty_url: str, tmp_path: Path) -> None:
+    """Only `dev` and `migrate` migrate: the others say so in one line and change nothing,
+    on an empty schema and on one a version behind."""
+    env = {"INVENTORY_DATABASE_URL": empty_url, "INVENTORY_DATA_DIR": str(tmp_path)}
+    for args in DATA_COMMANDS:
+        result = run(args, env, stdin="some-key\n")
+        assert result.returncode == 1, (args, result.stdout, result.stderr)
+        assert result.stderr.strip().splitlines() == [
+            f"inventory-pipeline: error: the database schema is behind ({len(discover())} "
+            "migrations pending, from 0001_inventory_system.sql); run `inventory-pipeline migrate`"
+        ], args
+        assert ledger(empty_url) is None
+    with connect(empty_url) as conn:  # one version behind
+        migrate(conn, copy_migrations(tmp_path, upto=discover()[-2].version))
+    behind = ledger(empty_url)
+    result = run(["status"], env)
+    assert result.returncode == 1 and "run `inventory-pipeline migrate`" in result.stderr
+    assert ledger(empty_url) == behind
+    assert run(["migrate"], env).returncode == 0
+    assert ledger(empty_url) == [m.version for m in discover()]
+    assert run(["status"], env).returncode == 0
+
+
+def test_data_command_on_a_new_embedded_folder(tmp_path: Path) -> None:
+    """With the embedded default a data command starts the server it needs, does not
+    migrate, and stops the server again."""
+    env = {"INVENTORY_DATA_DIR": str(tmp_path)}
+    result = run(["status"], env)
+    assert result.returncode == 1
+    assert "run `inventory-pipeline migrate`" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    postmaster = tmp_path / "pgdata" / "postmaster.pid"
+    assert not postmaster.exists()  # the server was stopped
+    assert run(["migrate"], env).returncode == 0
+    assert run(["status"], env).returncode == 0
+    assert not postmaster.exists()

@@ -146,3 +146,27 @@ def test_owed_ranges_migration_keeps_what_an_existing_database_holds(
         assert str(owed["from_date"]) == "2026-01-05"
         assert owed["exercise_ids"] == ["bench", "squat"]
         assert len(owed["failed_job_ids"]) == 2
+
+
+def test_require_current_reads_and_never_writes(empty_db: str, tmp_path: Path) -> None:
+    from inventory_pipeline.db import SchemaBehind
+    from inventory_pipeline.db.migrator import pending, require_current
+
+    with connect(empty_db) as conn:
+        with pytest.raises(SchemaBehind, match=r"run `inventory-pipeline migrate`"):
+            require_current(conn)
+        assert fetch_one(conn, "SELECT to_regclass('schema_migrations') AS t")["t"] is None  # type: ignore[index]
+        older = copy_migrations(tmp_path, upto=2)
+        migrate(conn, older)
+        assert [m.version for m in pending(conn)] == [m.version for m in discover()][2:]
+        migrate(conn)
+        require_current(conn)
+        # A database ahead of this version, or with an edited file, is refused outright.
+        with pytest.raises(MigrationError, match="not in the migrations folder"):
+            pending(conn, older)
+        (tmp_path / "all").mkdir()
+        edited = copy_migrations(tmp_path / "all")
+        first = sorted(edited.glob("*.sql"))[0]
+        first.write_text(first.read_text() + "\n-- edited\n")
+        with pytest.raises(MigrationError, match="was edited after it was applied"):
+            require_current(conn, edited)
