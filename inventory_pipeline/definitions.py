@@ -68,4 +68,7 @@ defs = dg.Definitions(
     ],
     schedules=[profiles.compaction_schedule, *stats_maintenance.maintenance_schedules],
     resources={"inventory_db": inventory_database(), "tmdb": tmdb_resource()},
+    # Every job is one op or one asset step: a subprocess per step only adds its start-up
+    # (about 1.2 s per run in process against 2.5 s with the multiprocess executor).
+    executor=dg.in_process_executor,
 )
