@@ -1,8 +1,10 @@
-"""`python -m bench [--smoke] [--only NAME ...] [--markdown FILE]`: run the benchmarks.
+"""`python -m bench [--smoke | --scale] [--only NAME ...] [--markdown FILE] [--plots DIR]`.
 
 Every figure is a ratio measured in the same run against a baseline or a peer (or an
 absolute time against its goal). `--smoke` runs tiny sizes to prove the benchmarks still
-work (CI); its figures mean nothing. `--markdown` writes the figures as a table.
+work (CI); its figures mean nothing. `--scale` adds the large sizes (100k libraries, 10M
+items, 100k users), which take minutes. `--markdown` writes the figures as a table;
+benches with curves draw PNGs into `--plots` (default bench/plots/).
 Exits non-zero only when a benchmark cannot run.
 """
 
@@ -12,6 +14,7 @@ import argparse
 import datetime
 import platform
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from bench import (
@@ -21,19 +24,26 @@ from bench import (
     orchestration,
     profile_generation,
     queues,
+    scale_profiles,
+    scale_stats,
     stats,
 )
-from bench.common import Figure, server_url
+from bench.common import Figure, Mode, Size, server_url
 from inventory_pipeline.db import connect, fetch_one
 
-BENCHES = {
+Bench = Callable[[str, Mode], list[Figure]]
+
+# Every bench is `run(admin_url, mode)`: it picks its sizes with `mode.pick(...)`.
+BENCHES: dict[str, Bench] = {
     "change_capture": change_capture.run,
     "profile_generation": profile_generation.run,
     "queues": queues.run,
     "orchestration": orchestration.run,
     "freshness": freshness.run,
     "observation": observation.run,
-    "stats": stats.run,
+    "stats": lambda url, mode: stats.run(url, mode.smoke),
+    "scale_profiles": scale_profiles.run,
+    "scale_stats": scale_stats.run,
 }
 
 
@@ -56,10 +66,17 @@ def markdown(results: dict[str, list[Figure]], server: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, figures not judged")
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("--smoke", action="store_true", help="tiny sizes, figures not judged")
+    sizes.add_argument("--scale", action="store_true", help="add the large sizes (minutes)")
     parser.add_argument("--only", nargs="*", choices=sorted(BENCHES), help="run only these")
     parser.add_argument("--markdown", type=Path, help="also write the figures to this file")
+    parser.add_argument(
+        "--plots", type=Path, default=Path("bench/plots"), help="where benches draw PNGs"
+    )
     args = parser.parse_args()
+    size = Size.SMOKE if args.smoke else Size.SCALE if args.scale else Size.DEFAULT
+    mode = Mode(size=size, plots=args.plots)
     names = args.only or list(BENCHES)
     results: dict[str, list[Figure]] = {}
     with server_url() as admin_url:
@@ -68,7 +85,7 @@ def main() -> int:
             server = f"PostgreSQL {row['server_version'] if row else '?'}"
         for name in names:
             print(f"== {name} ==", flush=True)
-            results[name] = BENCHES[name](admin_url, args.smoke)
+            results[name] = BENCHES[name](admin_url, mode)
             for figure in results[name]:
                 print(figure.line(), flush=True)
     if args.markdown:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from bench.common import Figure, median, scratch_database, timed
+from bench.common import Figure, Mode, median, scratch_database, timed
 from inventory_pipeline.db import Connection, connect, execute, fetch_one
 from inventory_pipeline.db.connection import execute_script
 from inventory_pipeline.db.queries import load_queries
@@ -50,7 +50,8 @@ def _measure(conn: Connection, variant: str, items: int) -> tuple[dict[str, floa
     return times, bumps
 
 
-def run(admin_url: str, smoke: bool) -> list[Figure]:
+def run(admin_url: str, mode: Mode) -> list[Figure]:
+    smoke = mode.smoke
     """The goals at the recommended work_mem, then the 4MB default for comparison."""
     figures = measure(admin_url, smoke, "64MB", VARIANTS)
     if not smoke:

@@ -8,19 +8,57 @@ and drops it afterwards.
 from __future__ import annotations
 
 import contextlib
+import enum
 import os
 import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from inventory_pipeline.db import connect
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
 from inventory_pipeline.db.embedded import EmbeddedServer
 from inventory_pipeline.db.migrator import migrate
+
+T = TypeVar("T")
+
+
+class Size(enum.Enum):
+    """Which sizes a run uses: smoke proves the benches work (CI), default is the
+    published run, scale adds the large sizes (100k libraries, 10M items) that take
+    minutes."""
+
+    SMOKE = "smoke"
+    DEFAULT = "default"
+    SCALE = "scale"
+
+
+@dataclass(frozen=True)
+class Mode:
+    """What every bench receives: the size to run at and where its pictures go."""
+
+    size: Size = Size.DEFAULT
+    plots: Path = field(default_factory=lambda: Path("bench/plots"))
+
+    @property
+    def smoke(self) -> bool:
+        return self.size is Size.SMOKE
+
+    @property
+    def scale(self) -> bool:
+        return self.size is Size.SCALE
+
+    def pick(self, smoke: T, default: T, scale: T | None = None) -> T:
+        """The value for this run's size; scale falls back to default when not given."""
+        if self.size is Size.SMOKE:
+            return smoke
+        if self.size is Size.SCALE and scale is not None:
+            return scale
+        return default
 
 
 @dataclass(frozen=True)
@@ -76,3 +114,47 @@ def timed(fn: Callable[[], object]) -> float:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+def plot(
+    path: Path,
+    title: str,
+    x_label: str,
+    y_label: str,
+    series: dict[str, Sequence[tuple[float, float]]],
+    *,
+    log_x: bool = False,
+    log_y: bool = False,
+) -> Path:
+    """Draw one line per series (name -> (x, y) points) into the PNG at `path`.
+
+    Creates the parent directory; returns `path`. matplotlib comes with the `bench` extra
+    and is imported here so that benches without curves do not need it.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = pyplot.subplots(figsize=(7, 4.2), dpi=100)
+    try:
+        for name, points in series.items():
+            xs = [x for x, _ in points]
+            ys = [y for _, y in points]
+            ax.plot(xs, ys, marker="o", label=name)
+        ax.set_title(title)
+        ax.set_xlabel(x_label)
+        ax.set_ylabel(y_label)
+        if log_x:
+            ax.set_xscale("log")
+        if log_y:
+            ax.set_yscale("log")
+        ax.grid(True, alpha=0.3)
+        if len(series) > 1:
+            ax.legend()
+        fig.tight_layout()
+        fig.savefig(path, format="png")
+    finally:
+        pyplot.close(fig)
+    return path

@@ -13,7 +13,7 @@ import time
 import uuid
 from datetime import date
 
-from bench.common import Figure, scratch_database
+from bench.common import Figure, Mode, scratch_database
 from bench.orchestration import BURST, ITEMS, daemon
 from inventory_pipeline.db import connect, execute, fetch_all, fetch_one, jsonb
 
@@ -26,7 +26,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def run(admin_url: str, smoke: bool) -> list[Figure]:
+def run(admin_url: str, mode: Mode) -> list[Figure]:
+    smoke = mode.smoke
     duration = 12 if smoke else 90
     rng = random.Random(11)
     users = [uuid.uuid4() for _ in range(USERS)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 
-from bench.common import Figure, scratch_database, timed
+from bench.common import Figure, Mode, scratch_database, timed
 from inventory_pipeline.db import connect, execute
 from inventory_pipeline.db.connection import execute_script
 from inventory_pipeline.provider import admission
@@ -27,7 +27,8 @@ SELECT 1, 'Title ' || g, 'tmdb', 'movie', g::text FROM generate_series(1, %(item
 KEY = "bench-key"
 
 
-def run(admin_url: str, smoke: bool) -> list[Figure]:
+def run(admin_url: str, mode: Mode) -> list[Figure]:
+    smoke = mode.smoke
     rate = admission.DEFAULT_RATE
     items = 60 if smoke else 1200  # 30 s at the default rate
     with scratch_database(admin_url) as url, connect(url) as conn, StandIn(api_key=KEY) as standin:

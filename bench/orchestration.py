@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench.common import Figure, scratch_database
+from bench.common import Figure, Mode, scratch_database
 from inventory_pipeline.db import connect, execute, fetch_one
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
 from inventory_pipeline.deployment import (
@@ -95,7 +95,8 @@ def burst(admin_url: str, libraries: int, extra_env: dict[str, str], limit: floa
     raise RuntimeError(f"burst of {libraries} libraries not acknowledged within {limit:.0f} s")
 
 
-def run(admin_url: str, smoke: bool) -> list[Figure]:
+def run(admin_url: str, mode: Mode) -> list[Figure]:
+    smoke = mode.smoke
     libraries = 10 if smoke else 500
     per_partition_libraries = 10 if smoke else 60
     batched = burst(admin_url, libraries, {}, limit=600)

@@ -8,7 +8,7 @@ grows with size.
 
 from __future__ import annotations
 
-from bench.common import Figure, median, scratch_database, timed
+from bench.common import Figure, Mode, median, scratch_database, timed
 from inventory_pipeline.db import connect, execute
 from inventory_pipeline.db.connection import execute_script
 from inventory_pipeline.db.queries import load_queries
@@ -18,7 +18,8 @@ from inventory_pipeline.profiles.generator import frame_from_rows, generate_prof
 Q = load_queries("bench", "variants.sql")
 
 
-def run(admin_url: str, smoke: bool) -> list[Figure]:
+def run(admin_url: str, mode: Mode) -> list[Figure]:
+    smoke = mode.smoke
     sizes = (1_000, 5_000) if smoke else (10_000, 100_000)
     reps = 1 if smoke else 5
     figures = []

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from bench.common import Figure, scratch_database
+from bench.common import Figure, Mode, scratch_database
 from inventory_pipeline.db import Connection, connect, execute
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
 from inventory_pipeline.profiles import repository as profiles_repo
@@ -149,7 +149,8 @@ def procrastinate_cycles(admin_url: str, n: int) -> tuple[int, float]:
             drop_database(admin, name)
 
 
-def run(admin_url: str, smoke: bool) -> list[Figure]:
+def run(admin_url: str, mode: Mode) -> list[Figure]:
+    smoke = mode.smoke
     n = 100 if smoke else 2000
     try:
         peer_done, peer_seconds = procrastinate_cycles(admin_url, n)
