@@ -58,9 +58,7 @@ def markdown(results: dict[str, list[Figure]], server: str) -> str:
     for name, figures in results.items():
         for f in figures:
             verdict = "" if f.met is None else ("met" if f.met else "**missed**")
-            lines.append(
-                f"| {name} | {f.name.strip()} | {f.value:.2f}{f.unit} | {f.goal} | {verdict} |"
-            )
+            lines.append(f"| {name} | {f.name.strip()} | {f.shown()} | {f.goal} | {verdict} |")
     return "\n".join(lines) + "\n"
 
 

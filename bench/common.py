@@ -63,17 +63,54 @@ class Mode:
 
 @dataclass(frozen=True)
 class Figure:
+    """One published figure. A figure over repeated runs carries the median as `value`
+    and the spread (min-max over `runs` runs) as `low` / `high`."""
+
     name: str
     value: float
     unit: str
     goal: str
     met: bool | None = None
     note: str = ""
+    low: float | None = None
+    high: float | None = None
+    runs: int = 1
+
+    def shown(self) -> str:
+        """The value with its unit, and its spread when it has one."""
+        text = f"{self.value:.2f}{self.unit}"
+        if self.low is not None and self.high is not None and self.runs > 1:
+            text += f" (min-max {self.low:.2f}-{self.high:.2f}, median of {self.runs})"
+        return text
 
     def line(self) -> str:
         verdict = "" if self.met is None else (" ok" if self.met else " MISSED")
         note = f" - {self.note}" if self.note else ""
-        return f"{self.name}: {self.value:.2f}{self.unit} ({self.goal}){verdict}{note}"
+        return f"{self.name}: {self.shown()} ({self.goal}){verdict}{note}"
+
+
+def over_runs(
+    name: str,
+    values: Sequence[float],
+    unit: str,
+    goal: str,
+    judge: Callable[[float], bool] | None = None,
+) -> Figure:
+    """A figure for repeated runs: the median judged by `judge` (None: not judged), with
+    the min-max spread."""
+    if not values:
+        raise ValueError(f"{name}: no runs")
+    mid = statistics.median(values)
+    return Figure(
+        name,
+        mid,
+        unit,
+        goal,
+        None if judge is None else judge(mid),
+        low=min(values),
+        high=max(values),
+        runs=len(values),
+    )
 
 
 @contextlib.contextmanager
