@@ -1,12 +1,14 @@
 """Provider observation against the loopback TMDb stand-in at the limiter's default
-rate: sustained observation rate as a share of the limit, counted per second by the
-server, and the busiest second (which must never exceed the limit)."""
+rate: the sustained rate as a share of the limit, and the busiest one-second window
+(which must never exceed the limit), both from the arrival times the server records.
+
+"Never above the rate" is judged on a sliding window: the most arrivals within any one
+second starting at an arrival, not per calendar second (which can split a burst in two).
+"""
 
 from __future__ import annotations
 
-import statistics
-
-from bench.common import Figure, Mode, scratch_database, timed
+from bench.common import Figure, Mode, over_runs, scratch_database, timed
 from inventory_pipeline.db import connect, execute
 from inventory_pipeline.db.connection import execute_script
 from inventory_pipeline.provider import admission
@@ -27,10 +29,8 @@ SELECT 1, 'Title ' || g, 'tmdb', 'movie', g::text FROM generate_series(1, %(item
 KEY = "bench-key"
 
 
-def run(admin_url: str, mode: Mode) -> list[Figure]:
-    smoke = mode.smoke
-    rate = admission.DEFAULT_RATE
-    items = 60 if smoke else 1200  # 30 s at the default rate
+def observe(admin_url: str, items: int, rate: float) -> tuple[list[float], float]:
+    """One observation of `items` items at `rate`: sorted arrival times, wall seconds."""
     with scratch_database(admin_url) as url, connect(url) as conn, StandIn(api_key=KEY) as standin:
         execute_script(conn, ITEMS)
         execute(conn, FILL, {"items": items})
@@ -42,24 +42,49 @@ def run(admin_url: str, mode: Mode) -> list[Figure]:
                     lambda: connect(url), client, RetryPolicy(), max_items=items, workers=8
                 )
             )
-        per_second = standin.state.per_second()
-    seconds = sorted(per_second)
-    full = [per_second[s] for s in seconds[1:-1]] or list(per_second.values())
-    sustained = statistics.mean(full)
-    busiest = max(per_second.values())
+        arrivals = sorted(standin.state.arrivals)
+    return arrivals, elapsed
+
+
+def busiest_window(arrivals: list[float], width: float = 1.0) -> int:
+    """The most arrivals in any window (t - width, t] of one `width`, over every window
+    ending at an arrival (the maximum over all windows is reached at one of those)."""
+    most, first = 0, 0
+    for last, t in enumerate(arrivals):
+        while arrivals[first] <= t - width:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+def run(admin_url: str, mode: Mode) -> list[Figure]:
+    rate = admission.DEFAULT_RATE
+    items = mode.pick(smoke=60, default=1200)  # 30 s at the default rate
+    reps = mode.pick(smoke=1, default=5)
+    sustained: list[float] = []
+    busiest: list[float] = []
+    spans: list[float] = []
+    for _ in range(reps):
+        arrivals, elapsed = observe(admin_url, items, rate)
+        span = arrivals[-1] - arrivals[0]
+        sustained.append((len(arrivals) - 1) / span / rate * 100)
+        busiest.append(busiest_window(arrivals))
+        spans.append(elapsed)
+    top = max(busiest)
     return [
-        Figure(
+        over_runs(
             f"observation sustained rate vs limiter ({items} items, limit {rate:.0f}/s)",
-            sustained / rate * 100,
+            sustained,
             " %",
-            f"goal >= 90 %; {sustained:.1f} req/s over {elapsed:.1f} s",
-            None if smoke else sustained / rate >= 0.9,
+            "goal >= 90 %; arrivals over the span from first to last,"
+            f" runs took {min(spans):.1f}-{max(spans):.1f} s",
+            None if mode.smoke else (lambda r: r >= 90),
         ),
         Figure(
-            "observation busiest second vs limiter",
-            busiest / rate * 100,
+            f"observation busiest sliding 1 s window vs limiter (worst of {reps} runs)",
+            top / rate * 100,
             " %",
-            f"goal <= 100 %; {busiest} requests",
-            busiest <= rate,
+            f"goal <= 100 %; {top:.0f} requests",
+            top <= rate,
         ),
     ]

@@ -1,9 +1,12 @@
 """A burst of dirty libraries through the real Dagster daemon: batched runs (this
-project) against one run per partition (what a Dagster user writes first).
+project) against the same sensor with a claim batch of 1 (one run per library, the
+shape a Dagster user's one-run-per-partition sensor would have).
 
-Both modes run the same daemon, dagster.yaml and code; "one run per partition" is the
-same sensor with a claim batch of one library and no cap on runs per tick. The figure
-is wall time from the commit of the burst to every library acknowledged.
+Both modes run the same daemon, dagster.yaml and code; the baseline only sets the claim
+batch to one library and lifts the cap on runs per tick. It is not a separately written
+per-partition sensor. The figure is wall time from the commit of the burst to every
+library acknowledged; the speed-up is paired within each repetition, and the
+repetitions alternate which mode goes first.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench.common import Figure, Mode, scratch_database
+from bench.common import Figure, Mode, over_runs, scratch_database
 from inventory_pipeline.db import connect, execute, fetch_one
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
 from inventory_pipeline.deployment import (
@@ -96,38 +99,45 @@ def burst(admin_url: str, libraries: int, extra_env: dict[str, str], limit: floa
 
 
 def run(admin_url: str, mode: Mode) -> list[Figure]:
-    smoke = mode.smoke
-    libraries = 10 if smoke else 500
-    per_partition_libraries = 10 if smoke else 60
-    batched = burst(admin_url, libraries, {}, limit=600)
-    single = burst(
-        admin_url,
-        per_partition_libraries,
-        {"INVENTORY_RUN_CLAIMS": "1", "INVENTORY_MAX_RUNS_PER_TICK": "1000"},
-        limit=1200,
-    )
-    # One run per partition is measured on fewer libraries (it scales linearly with
-    # runs) and extrapolated per library, so the run stays bounded.
-    single_per_library = single / per_partition_libraries
-    ratio = (single_per_library * libraries) / batched
+    libraries = mode.pick(smoke=10, default=500)
+    per_partition_libraries = mode.pick(smoke=10, default=30)
+    reps = mode.pick(smoke=1, default=5)
+    batched: list[float] = []
+    single_per_library: list[float] = []
+    for rep in range(reps):
+        for mode_name in ("batched", "single") if rep % 2 == 0 else ("single", "batched"):
+            if mode_name == "batched":
+                batched.append(burst(admin_url, libraries, {}, limit=600))
+            else:
+                single = burst(
+                    admin_url,
+                    per_partition_libraries,
+                    {"INVENTORY_RUN_CLAIMS": "1", "INVENTORY_MAX_RUNS_PER_TICK": "1000"},
+                    limit=1200,
+                )
+                # Measured on fewer libraries (it is linear in runs) and extrapolated
+                # per library, so the run stays bounded.
+                single_per_library.append(single / per_partition_libraries)
+    ratios = [s * libraries / b for s, b in zip(single_per_library, batched, strict=True)]
     return [
-        Figure(
+        over_runs(
             f"burst of {libraries} dirty libraries, batched runs",
             batched,
             " s",
             "wall time commit -> all acknowledged",
         ),
-        Figure(
-            f"one run per partition ({per_partition_libraries} libraries measured)",
+        over_runs(
+            "baseline: the same sensor with a claim batch of 1, one run per library"
+            f" ({per_partition_libraries} libraries measured)",
             single_per_library,
             " s/library",
             "baseline",
         ),
-        Figure(
-            "batched speed-up over one run per partition",
-            ratio,
+        over_runs(
+            "batched speed-up over a claim batch of 1",
+            ratios,
             "x",
             "goal >= 10x",
-            None if smoke else ratio >= 10,
+            None if mode.smoke else (lambda r: r >= 10),
         ),
     ]

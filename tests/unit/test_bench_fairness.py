@@ -1,0 +1,88 @@
+"""The benchmarks' judging rules (no database): the limiter on a sliding one-second
+window, unacknowledged changes as failures, medians with their spread, sizes per mode."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from bench import queues
+from bench.common import Figure, Mode, Size, over_runs, plot
+from bench.freshness import figures_for
+from bench.observation import busiest_window
+
+
+def test_busiest_window_slides_across_calendar_seconds() -> None:
+    # 30 arrivals in [0.5, 1.0) and 30 in [1.0, 1.5): 30 per calendar second, 60 within
+    # one sliding second. A limit of 40/s is exceeded and must be seen as exceeded.
+    arrivals = [0.5 + i / 60 for i in range(60)]
+    assert busiest_window(arrivals) == 60
+
+
+def test_busiest_window_counts_a_window_of_one_second_only() -> None:
+    assert busiest_window([0.0, 1.0, 2.0]) == 1
+    assert busiest_window([0.0, 0.999, 1.998]) == 2
+    assert busiest_window([]) == 0
+
+
+def test_unacknowledged_change_is_a_failure_not_a_dropped_sample() -> None:
+    lags = [1.0] * 18 + [math.inf] * 2
+    figures = {f.name: f for f in figures_for((("inventory", lags),), smoke=False)}
+    p95 = figures["inventory p95"]
+    assert math.isinf(p95.value) and p95.met is False
+    failed = next(f for name, f in figures.items() if "never acknowledged" in name)
+    assert failed.value == 2 and failed.met is False
+    assert figures["inventory p50 (20 changes)"].value == 1.0
+
+
+def test_all_acknowledged_meets_the_goals() -> None:
+    figures = figures_for((("stats", [2.0, 3.0, 4.0]),), smoke=False)
+    assert all(f.met is not False for f in figures)
+
+
+def test_over_runs_reports_median_and_spread() -> None:
+    figure = over_runs("ratio", [1.4, 0.9, 1.1, 1.3, 1.0], "x", "goal >= 1.0x", lambda r: r >= 1)
+    assert (figure.value, figure.low, figure.high, figure.runs) == (1.1, 0.9, 1.4, 5)
+    assert figure.met is True
+    assert "min-max 0.90-1.40, median of 5" in figure.shown()
+    assert Figure("one", 2.0, "x", "").shown() == "2.00x"
+
+
+def test_mode_picks_sizes() -> None:
+    assert Mode(Size.SMOKE).pick(1, 2, 3) == 1
+    assert Mode().pick(1, 2, 3) == 2
+    assert Mode(Size.SCALE).pick(1, 2, 3) == 3
+    assert Mode(Size.SCALE).pick(1, 2) == 2
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    path = plot(
+        tmp_path / "nested" / "curve.png",
+        "tick time",
+        "libraries",
+        "seconds",
+        {"idle": [(1e3, 0.1), (1e4, 0.2), (1e5, 0.4)], "backlog": [(1e3, 0.2), (1e5, 2.1)]},
+        log_x=True,
+    )
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_queue_sides_rotate_so_each_goes_first_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    order: list[str] = []
+
+    def side(name: str) -> Callable[[str, int], tuple[int, float]]:
+        def measure(url: str, n: int) -> tuple[int, float]:
+            order.append(name)
+            return n, 1.0
+
+        return measure
+
+    monkeypatch.setattr(queues, "SIDES", {name: side(name) for name in queues.SIDES})
+    measured = queues.rates("unused", 3, len(queues.SIDES))
+    assert all(len(rates) == len(queues.SIDES) for rates in measured.values())
+    firsts = [order[i * len(queues.SIDES)] for i in range(len(queues.SIDES))]
+    assert sorted(firsts) == sorted(queues.SIDES)
