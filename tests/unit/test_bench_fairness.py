@@ -1,5 +1,8 @@
 """The benchmarks' judging rules (no database): the limiter on a sliding one-second
-window, unacknowledged changes as failures, medians with their spread, sizes per mode."""
+window, unacknowledged changes as failures, medians with their spread, sizes per mode.
+
+Each rule's module is imported in its test, so that a missing rule fails that test alone.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +14,11 @@ import pytest
 
 from bench import queues
 from bench.common import Figure, Mode, Size, over_runs, plot
-from bench.freshness import figures_for
-from bench.observation import busiest_window
 
 
 def test_busiest_window_slides_across_calendar_seconds() -> None:
+    from bench.observation import busiest_window
+
     # 30 arrivals in [0.5, 1.0) and 30 in [1.0, 1.5): 30 per calendar second, 60 within
     # one sliding second. A limit of 40/s is exceeded and must be seen as exceeded.
     arrivals = [0.5 + i / 60 for i in range(60)]
@@ -23,12 +26,16 @@ def test_busiest_window_slides_across_calendar_seconds() -> None:
 
 
 def test_busiest_window_counts_a_window_of_one_second_only() -> None:
+    from bench.observation import busiest_window
+
     assert busiest_window([0.0, 1.0, 2.0]) == 1
     assert busiest_window([0.0, 0.999, 1.998]) == 2
     assert busiest_window([]) == 0
 
 
 def test_unacknowledged_change_is_a_failure_not_a_dropped_sample() -> None:
+    from bench.freshness import figures_for
+
     lags = [1.0] * 18 + [math.inf] * 2
     figures = {f.name: f for f in figures_for((("inventory", lags),), smoke=False)}
     p95 = figures["inventory p95"]
@@ -39,6 +46,8 @@ def test_unacknowledged_change_is_a_failure_not_a_dropped_sample() -> None:
 
 
 def test_all_acknowledged_meets_the_goals() -> None:
+    from bench.freshness import figures_for
+
     figures = figures_for((("stats", [2.0, 3.0, 4.0]),), smoke=False)
     assert all(f.met is not False for f in figures)
 
