@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 from bench import queues
-from bench.common import Mode, Size
 
 
 def test_queue_comparison_reports_procrastinate_defaults_and_matched_pool(
     server_url: str,
 ) -> None:
     pytest.importorskip("procrastinate")
+    from bench.common import Mode, Size
+
     figures = {f.name.strip(): f for f in queues.run(server_url, Mode(Size.SMOKE))}
     for ours in ("profile", "stats"):
         for peer in ("defaults", "matched pool"):

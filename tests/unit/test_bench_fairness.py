@@ -12,9 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from bench import queues
-from bench.common import Figure, Mode, Size, over_runs, plot
-
 
 def test_busiest_window_slides_across_calendar_seconds() -> None:
     from bench.observation import busiest_window
@@ -53,6 +50,8 @@ def test_all_acknowledged_meets_the_goals() -> None:
 
 
 def test_over_runs_reports_median_and_spread() -> None:
+    from bench.common import Figure, over_runs
+
     figure = over_runs("ratio", [1.4, 0.9, 1.1, 1.3, 1.0], "x", "goal >= 1.0x", lambda r: r >= 1)
     assert (figure.value, figure.low, figure.high, figure.runs) == (1.1, 0.9, 1.4, 5)
     assert figure.met is True
@@ -61,6 +60,8 @@ def test_over_runs_reports_median_and_spread() -> None:
 
 
 def test_mode_picks_sizes() -> None:
+    from bench.common import Mode, Size
+
     assert Mode(Size.SMOKE).pick(1, 2, 3) == 1
     assert Mode().pick(1, 2, 3) == 2
     assert Mode(Size.SCALE).pick(1, 2, 3) == 3
@@ -69,6 +70,8 @@ def test_mode_picks_sizes() -> None:
 
 def test_plot_writes_a_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
+    from bench.common import plot
+
     path = plot(
         tmp_path / "nested" / "curve.png",
         "tick time",
@@ -81,6 +84,8 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
 
 
 def test_queue_sides_rotate_so_each_goes_first_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench import queues
+
     order: list[str] = []
 
     def side(name: str) -> Callable[[str, int], tuple[int, float]]:
