@@ -179,7 +179,7 @@ def plot(
         for name, points in series.items():
             xs = [x for x, _ in points]
             ys = [y for _, y in points]
-            ax.plot(xs, ys, marker="o", label=name)
+            ax.plot(xs, ys, marker="o" if len(xs) <= 50 else None, label=name)
         ax.set_title(title)
         ax.set_xlabel(x_label)
         ax.set_ylabel(y_label)

@@ -8,7 +8,7 @@ second starting at an arrival, not per calendar second (which can split a burst 
 
 from __future__ import annotations
 
-from bench.common import Figure, Mode, over_runs, scratch_database, timed
+from bench.common import Figure, Mode, over_runs, plot, scratch_database, timed
 from inventory_pipeline.db import connect, execute
 from inventory_pipeline.db.connection import execute_script
 from inventory_pipeline.provider import admission
@@ -46,15 +46,21 @@ def observe(admin_url: str, items: int, rate: float) -> tuple[list[float], float
     return arrivals, elapsed
 
 
-def busiest_window(arrivals: list[float], width: float = 1.0) -> int:
-    """The most arrivals in any window (t - width, t] of one `width`, over every window
-    ending at an arrival (the maximum over all windows is reached at one of those)."""
-    most, first = 0, 0
+def trailing_counts(arrivals: list[float], width: float = 1.0) -> list[tuple[float, float]]:
+    """(seconds since the first arrival, arrivals in the window of `width` ending there)
+    at every arrival: the curve whose maximum `busiest_window` returns."""
+    points, first = [], 0
     for last, t in enumerate(arrivals):
         while arrivals[first] <= t - width:
             first += 1
-        most = max(most, last - first + 1)
-    return most
+        points.append((t - arrivals[0], float(last - first + 1)))
+    return points
+
+
+def busiest_window(arrivals: list[float], width: float = 1.0) -> int:
+    """The most arrivals in any window (t - width, t] of one `width`, over every window
+    ending at an arrival (the maximum over all windows is reached at one of those)."""
+    return int(max((n for _, n in trailing_counts(arrivals, width)), default=0))
 
 
 def run(admin_url: str, mode: Mode) -> list[Figure]:
@@ -71,6 +77,16 @@ def run(admin_url: str, mode: Mode) -> list[Figure]:
         busiest.append(busiest_window(arrivals))
         spans.append(elapsed)
     top = max(busiest)
+    plot(
+        mode.plots / "observation-window.png",
+        f"Provider requests in the trailing 1 s window (limit {rate:.0f}/s, last run)",
+        "seconds since the first request",
+        "requests in the trailing second",
+        {
+            "requests": trailing_counts(arrivals),
+            "limit": [(0, rate), (arrivals[-1] - arrivals[0], rate)],
+        },
+    )
     return [
         over_runs(
             f"observation sustained rate vs limiter ({items} items, limit {rate:.0f}/s)",
