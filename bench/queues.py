@@ -18,6 +18,7 @@ with the min-max spread.
 from __future__ import annotations
 
 import asyncio
+import statistics
 import threading
 import time
 import uuid
@@ -230,3 +231,87 @@ def run(admin_url: str, mode: Mode) -> list[Figure]:
                 )
             )
     return figures
+
+
+def per_call(admin_url: str, n: int = 1000) -> dict[str, float]:
+    """Median milliseconds per call for one worker alone: our claim and completion, and
+    Procrastinate's fetch and finish with its defaults and with the matched pool.
+
+    Not part of `run`; it explains the four-worker ratios:
+    `python -c "from bench import queues; print(queues.per_call(URL))"`.
+    """
+    import procrastinate
+    import psycopg_pool
+    from procrastinate import jobs
+
+    policy = RefreshPolicy()
+    result: dict[str, float] = {}
+    with scratch_database(admin_url) as url, connect(url) as conn:
+        for statement in LIBRARIES.replace("%(n)s", str(int(n))).strip().split(";\n"):
+            if statement.strip():
+                execute(conn, statement)
+        execute(conn, "ANALYZE")
+        claims, completions = [], []
+        while True:
+            start = time.perf_counter()
+            batch = profiles.claim(conn, policy, limit=1).claims
+            claimed = time.perf_counter()
+            if not batch:
+                break
+            claim = batch[0]
+            profiles_repo.complete_claim(conn, claim, claim.inventory_revision or 0, 0, None)
+            claims.append(claimed - start)
+            completions.append(time.perf_counter() - claimed)
+    result["profile claim"] = statistics.median(claims) * 1000
+    result["profile complete"] = statistics.median(completions) * 1000
+
+    def matched_pool(**kwargs: Any) -> psycopg_pool.AsyncConnectionPool:
+        kwargs.pop("check", None)
+        kwargs["kwargs"] = {"autocommit": True}
+        return psycopg_pool.AsyncConnectionPool(**kwargs)
+
+    for label, extra in (("defaults", {}), ("matched", {"pool_factory": matched_pool})):
+        name = f"inventory_bench_procrastinate_{uuid.uuid4().hex[:8]}"
+        with connect(admin_url) as admin:
+            create_database(admin, name)
+
+        async def one_worker(peer_url: str, extra: dict[str, Any]) -> tuple[float, float]:
+            app = procrastinate.App(
+                connector=procrastinate.PsycopgConnector(
+                    conninfo=peer_url, min_size=1, max_size=1, **extra
+                )
+            )
+            await app.open_async()
+            try:
+                await app.schema_manager.apply_schema_async()
+                manager = app.job_manager
+                await manager.batch_defer_jobs_async(
+                    [
+                        jobs.Job(queue="bench", lock=None, queueing_lock=None, task_name="noop")
+                        for _ in range(n)
+                    ]
+                )
+                await app.connector.execute_query_async("ANALYZE")
+                worker_id = await manager.register_worker()
+                fetches, finishes = [], []
+                while True:
+                    start = time.perf_counter()
+                    job = await manager.fetch_job(None, worker_id)
+                    fetched = time.perf_counter()
+                    if job is None:
+                        break
+                    await manager.finish_job(job, jobs.Status.SUCCEEDED, delete_job=False)
+                    fetches.append(fetched - start)
+                    finishes.append(time.perf_counter() - fetched)
+                return statistics.median(fetches) * 1000, statistics.median(finishes) * 1000
+            finally:
+                await app.close_async()
+
+        try:
+            fetch, finish = asyncio.run(one_worker(url_with_database(admin_url, name), extra))
+        finally:
+            with connect(admin_url) as admin:
+                drop_database(admin, name)
+        result[f"Procrastinate {label} fetch"] = fetch
+        result[f"Procrastinate {label} finish"] = finish
+    return result
