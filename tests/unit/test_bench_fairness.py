@@ -80,7 +80,7 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
         {"idle": [(1e3, 0.1), (1e4, 0.2), (1e5, 0.4)], "backlog": [(1e3, 0.2), (1e5, 2.1)]},
         log_x=True,
     )
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_queue_sides_rotate_so_each_goes_first_once(monkeypatch: pytest.MonkeyPatch) -> None:
