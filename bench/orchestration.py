@@ -54,33 +54,35 @@ def daemon(admin_url: str, app_url: str, extra_env: dict[str, str]) -> Iterator[
     name = f"inventory_bench_dagster_{uuid.uuid4().hex[:8]}"
     with connect(admin_url) as admin:
         create_database(admin, name)
-    with tempfile.TemporaryDirectory(prefix="inventory-bench-dagster-") as home:
-        prepare_dagster_home(Settings.from_env({}), {"DAGSTER_HOME": home})
-        env = dict(os.environ)
-        env.update(
-            {
-                "DAGSTER_HOME": home,
-                "INVENTORY_DATABASE_URL": app_url,
-                "INVENTORY_DAGSTER_STORAGE_URL": dagster_storage_url(
-                    url_with_database(admin_url, name)
-                ),
-                **extra_env,
-            }
-        )
-        log = Path(home) / "daemon.log"
-        with log.open("wb") as out:
-            proc = start_dagster(
-                [*DAEMON_COMMAND, "run", "-m", "inventory_pipeline.definitions"],
-                env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
+    try:
+        with tempfile.TemporaryDirectory(prefix="inventory-bench-dagster-") as home:
+            prepare_dagster_home(Settings.from_env({}), {"DAGSTER_HOME": home})
+            env = dict(os.environ)
+            env.update(
+                {
+                    "DAGSTER_HOME": home,
+                    "INVENTORY_DATABASE_URL": app_url,
+                    "INVENTORY_DAGSTER_STORAGE_URL": dagster_storage_url(
+                        url_with_database(admin_url, name)
+                    ),
+                    **extra_env,
+                }
             )
-            try:
-                yield
-            finally:
-                stop_dagster(proc, timeout=60)
-    with connect(admin_url) as admin:
-        drop_database(admin, name)
+            log = Path(home) / "daemon.log"
+            with log.open("wb") as out:
+                proc = start_dagster(
+                    [*DAEMON_COMMAND, "run", "-m", "inventory_pipeline.definitions"],
+                    env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+                try:
+                    yield
+                finally:
+                    stop_dagster(proc, timeout=60)
+    finally:  # also when interrupted: the storage database is ours to drop
+        with connect(admin_url) as admin:
+            drop_database(admin, name)
 
 
 def burst(admin_url: str, libraries: int, extra_env: dict[str, str], limit: float) -> float:
