@@ -1,0 +1,261 @@
+"""Stats at scale (issue goals S6 and S7).
+
+S7: the midnight PR-window rollover of a whole population under the real Dagster daemon
+(the rollover sensor and its runs, the drain sensor and its runs, the queue limits of
+dagster.yaml) while one user saves a session every second: users rolled per second,
+time from midnight until every window has moved, and save -> published during it.
+S6: a rebuild of every user through the queue, drained by 2 worker threads.
+
+Sizes: smoke (CI) is tiny; the default run takes 10,000 users; `--scale` adds 100,000.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from datetime import date, timedelta
+from typing import Protocol, TypeVar
+
+from bench import stats as stats_bench
+from bench.common import Figure, scratch_database
+from bench.orchestration import daemon
+from inventory_pipeline.db import Connection, connect, execute, fetch_one, jsonb
+from inventory_pipeline.stats import rollover as stats_rollover
+
+T = TypeVar("T")
+
+# A population's history: sessions over the last SPAN_DAYS days, SETS sets each.
+SESSIONS = 12
+SPAN_DAYS = 90
+SETS = 4
+SAVERS = 50  # users among the population who save during the rollover
+ROLL_LIMIT_S = 3600.0  # the goal: everyone within the hour after midnight
+
+
+class Sizes(Protocol):
+    """The bench mode (bench.common.Mode): which sizes this run takes."""
+
+    @property
+    def smoke(self) -> bool: ...
+
+    @property
+    def scale(self) -> bool: ...
+
+
+POPULATION = """
+INSERT INTO exercises (id, name) SELECT 'move_' || g, 'Move ' || g FROM generate_series(1, 8) g;
+INSERT INTO training_sessions (id, user_id, session_date)
+SELECT md5(u || '-' || s)::uuid, md5('user-' || u)::uuid,
+       %(today)s::date - (s * %(span)s / %(sessions)s)
+FROM generate_series(1, %(users)s) u, generate_series(1, %(sessions)s) s;
+INSERT INTO training_sets (session_id, position, exercise_id, weight_kg, reps, warmup)
+SELECT t.id, p, 'move_' || (1 + (p + t.h) %% 8), 40 + (t.h + p * 7) %% 120, 1 + (t.h + p) %% 12,
+       p = 1
+FROM (SELECT id, abs(hashtext(id::text)) AS h FROM training_sessions) t,
+     generate_series(1, %(sets)s) p;
+INSERT INTO user_stats_refresh_state (user_id, requested_version, applied_version)
+SELECT DISTINCT user_id, 1, 1 FROM training_sessions;
+INSERT INTO user_pr_overview_rollover_state (user_id, due_at, snapshot_generation)
+SELECT user_id, now() - interval '1 day', 1 FROM user_stats_refresh_state
+"""
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _set_clock(conn: Connection, day: date) -> None:
+    execute(conn, "SELECT set_config('inventory.stats_today', %s, false)", (str(day),))
+
+
+def _build_windows(url: str, today: date, threads: int = 2) -> None:
+    """Generation 1 of every user with its window for `today`, built by the rollover
+    itself (a few threads; each skips the users another holds)."""
+
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            with connect(url) as conn:
+                _set_clock(conn, today)
+                stats_rollover.rollover(conn, budget_seconds=float("inf"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    if errors:
+        raise errors[0]
+
+
+def load_population(url: str, users: int) -> date:
+    """`users` users with their history and a window built for the server's date;
+    returns that date."""
+    with connect(url) as conn:
+        row = fetch_one(conn, "SELECT current_date AS today")
+        assert row is not None
+        today: date = row["today"]
+        params = {
+            "users": users,
+            "sessions": SESSIONS,
+            "span": SPAN_DAYS,
+            "sets": SETS,
+            "today": str(today),
+        }
+        for statement in POPULATION.split(";\n"):
+            execute(conn, statement, params)
+        execute(conn, "ANALYZE")
+    _build_windows(url, today)
+    with connect(url) as conn:
+        execute(conn, "VACUUM ANALYZE")
+        row = fetch_one(
+            conn,
+            "SELECT count(*) AS n FROM user_pr_overview_rollover_state WHERE window_end = %s",
+            (today + timedelta(days=1),),
+        )
+    assert row is not None and row["n"] == users, (row, users)
+    return today
+
+
+def _not_rolled(conn: Connection, day: date) -> int:
+    row = fetch_one(
+        conn,
+        "SELECT count(*) AS n FROM user_pr_overview_rollover_state WHERE window_end < %s",
+        (day + timedelta(days=1),),
+    )
+    assert row is not None
+    return int(row["n"])
+
+
+def rollover_under_daemon(admin_url: str, users: int) -> tuple[float, list[float], int]:
+    """Midnight for `users` users under the daemon while a session is saved every
+    second: (seconds until every window moved, save -> published lags, saves never
+    published within two minutes after the rollover)."""
+    rng = random.Random(7)
+    with scratch_database(admin_url) as url:
+        today = load_population(url, users)
+        midnight = today + timedelta(days=1)
+        with connect(url) as conn:
+            database = fetch_one(conn, "SELECT current_database() AS name")
+            assert database is not None
+            savers = [
+                uuid.UUID(r["user_id"])
+                for r in conn.execute(
+                    "SELECT user_id::text FROM user_stats_refresh_state ORDER BY user_id LIMIT %s",
+                    (SAVERS,),
+                ).fetchall()
+            ]
+            with daemon(admin_url, url, {}):
+                time.sleep(10)  # the daemon and its code server come up
+                # Midnight: every connection the daemon opens from now on sees the new
+                # date, and every window is due.
+                execute(
+                    conn,
+                    f'ALTER DATABASE "{database["name"]}" SET inventory.stats_today = '
+                    f"'{midnight.isoformat()}'",
+                )
+                _set_clock(conn, midnight)
+                execute(conn, "UPDATE user_pr_overview_rollover_state SET due_at = now()")
+                start = time.monotonic()
+                saves: list[tuple[uuid.UUID, int, float]] = []
+                lags: list[float] = []
+                rolled_at: float | None = None
+                next_save = start
+                while True:
+                    now = time.monotonic()
+                    if rolled_at is None and now >= next_save:
+                        user = rng.choice(savers)
+                        payload = {
+                            "user_id": str(user),
+                            "session_date": str(midnight),
+                            "sets": [{"exercise_id": "move_1", "weight_kg": 100, "reps": 5}],
+                        }
+                        saved = fetch_one(
+                            conn,
+                            "SELECT save_training_session(%s, %s) AS r",
+                            (user, jsonb(payload)),
+                        )
+                        assert saved is not None
+                        saves.append((user, int(saved["r"]["requested_version"]), time.monotonic()))
+                        next_save += 1.0
+                    if saves:
+                        applied = {
+                            r["user_id"]: r["applied_version"]
+                            for r in conn.execute(
+                                "SELECT user_id, applied_version FROM user_stats_refresh_state"
+                                " WHERE user_id = ANY(%s)",
+                                (list({s[0] for s in saves}),),
+                            ).fetchall()
+                        }
+                        now = time.monotonic()
+                        lags += [now - t for u, v, t in saves if applied.get(u, 0) >= v]
+                        saves = [(u, v, t) for u, v, t in saves if applied.get(u, 0) < v]
+                    if rolled_at is None and _not_rolled(conn, midnight) == 0:
+                        rolled_at = time.monotonic() - start
+                    if rolled_at is not None and (not saves or now > start + rolled_at + 120):
+                        break
+                    if now > start + ROLL_LIMIT_S:
+                        raise RuntimeError(f"{users} users not rolled within the hour")
+                    time.sleep(0.2)
+    return rolled_at, lags, len(saves)
+
+
+def rebuild_rate(admin_url: str, users: int, workers: int = 2) -> float:
+    """Users per second: a rebuild of every user through the queue, `workers` threads."""
+    return stats_bench.rebuild(admin_url, users, workers)
+
+
+def s7(admin_url: str, users: int) -> list[Figure]:
+    seconds, lags, lost = rollover_under_daemon(admin_url, users)
+    p95 = percentile(lags, 0.95) if lags else float("inf")
+    size = f"{users:,} users"
+    return [
+        Figure(
+            f"S7 rollover of {size} under the daemon: every window moved",
+            seconds,
+            " s",
+            f"goal <= 3600 s at 100,000 users; {users / seconds:.0f} users/s",
+            None if users < 100_000 else seconds <= ROLL_LIMIT_S,
+        ),
+        Figure(
+            f"S7 save -> published p95 during the rollover of {size}"
+            f" ({len(lags)} saves, {lost} not published)",
+            p95,
+            " s",
+            f"goal <= 20 s; p50 {percentile(lags, 0.5) if lags else float('nan'):.1f} s",
+            None if users < 10_000 else (p95 <= 20 and lost == 0),
+        ),
+    ]
+
+
+def s6(admin_url: str, users: int) -> Figure:
+    rate = rebuild_rate(admin_url, users)
+    return Figure(
+        f"S6 rebuild of {users:,} users through the queue, 2 workers",
+        rate,
+        " users/s",
+        "goal >= 300 users/s at 100,000 users",
+        None if users < 100_000 else rate >= 300,
+    )
+
+
+def pick(mode: Sizes, smoke: T, default: T, scale: T) -> T:
+    if mode.smoke:
+        return smoke
+    return scale if mode.scale else default
+
+
+def run(admin_url: str, mode: Sizes) -> list[Figure]:
+    """S7 and S6 at the sizes `mode` selects."""
+    figures: list[Figure] = []
+    for users in pick(mode, [20], [10_000], [10_000, 100_000]):
+        figures += s7(admin_url, users)
+    for users in pick(mode, [50], [1_000, 10_000], [1_000, 10_000, 100_000]):
+        figures.append(s6(admin_url, users))
+    return figures
