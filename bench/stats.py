@@ -161,7 +161,7 @@ def rollover_day(admin_url: str, users: int, sessions: int) -> tuple[float, floa
             _midnight(conn, today + timedelta(days=1))
             start = time.perf_counter()
             rolled = 0
-            step = stats_rollover.rollover(conn, budget_seconds=float("inf"))
+            step = stats_rollover.rollover(conn, budget_seconds=float("inf"), pace=None)
             rolled += step.rolled
             new = time.perf_counter() - start
         assert rolled == users, (rolled, users)

@@ -65,20 +65,25 @@ def stats_rebuild() -> None:
 
 class RolloverConfig(dg.Config):
     """Seconds a run may spend rolling windows before it ends (the sensor launches the
-    next one while users are due)."""
+    next one while users are due), and users a second it rolls at most (0: no limit)."""
 
     budget_seconds: float = maintenance.ROLLOVER_BUDGET_SECONDS
+    users_per_second: float = maintenance.ROLLOVER_PACE
 
 
 @dg.op(tags={QUEUE_TAG: MAINTENANCE_QUEUE})
 def roll_pr_overview(config: RolloverConfig, inventory_db: InventoryDatabase) -> dg.Output[int]:
     """Answer catalog tokens, move the PR overview window of due users until none is due
     or the budget is spent, and resume rebuilds whose run was killed."""
-    if not config.budget_seconds > 0:
-        raise dg.Failure(f"budget_seconds must be positive, got {config.budget_seconds}")
+    if not config.budget_seconds > 0 or not config.users_per_second >= 0:
+        raise dg.Failure(
+            "budget_seconds must be positive and users_per_second at least 0, got"
+            f" {config.budget_seconds} and {config.users_per_second}"
+        )
+    pace = config.users_per_second or None
     with inventory_db.connection() as conn:
         catalog = maintenance.process_catalog(conn)
-        rolled = maintenance.rollover(conn, budget_seconds=config.budget_seconds)
+        rolled = maintenance.rollover(conn, budget_seconds=config.budget_seconds, pace=pace)
         resumed = rebuild.resume_rebuilds(conn)
         overview = maintenance.rollover_overview(conn)
     metadata: dict[str, dg.RawMetadataValue] = {

@@ -18,6 +18,7 @@ from inventory_pipeline.stats.maintenance_repository import MaintenanceDue
 from inventory_pipeline.stats.rebuild import ABANDONED_SECONDS
 from inventory_pipeline.stats.rollover import (
     ROLLOVER_BUDGET_SECONDS,
+    ROLLOVER_PACE,
     RolloverResult,
     rollover,
     rollover_overview,
@@ -33,6 +34,7 @@ __all__ = [
     "RETENTION_BATCH",
     "RETENTION_DAYS",
     "ROLLOVER_BUDGET_SECONDS",
+    "ROLLOVER_PACE",
     "SCAN_PAGE",
     "MaintenanceDue",
     "RolloverResult",

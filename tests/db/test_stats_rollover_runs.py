@@ -81,7 +81,7 @@ def ticks(step: float) -> Iterator[float]:
 def test_a_run_rolls_every_due_user_one_per_transaction(conn: Connection) -> None:
     day = population(conn, POPULATION)
     users = user_ids(conn)
-    result = maintenance.rollover(conn)
+    result = maintenance.rollover(conn, pace=None)
     assert result == maintenance.RolloverResult(rolled=POPULATION, failed=0, more=False)
     assert rolled_users(conn, day) == POPULATION
     # Each user's state row was written by a transaction of its own.
@@ -99,10 +99,10 @@ def test_a_run_rolls_every_due_user_one_per_transaction(conn: Connection) -> Non
 def test_a_run_stops_at_its_budget_and_the_next_run_goes_on(conn: Connection) -> None:
     day = population(conn, 30)
     clock = ticks(1.0)  # one second per user, as seen by the run's budget
-    first = maintenance.rollover(conn, budget_seconds=10, clock=lambda: next(clock))
+    first = maintenance.rollover(conn, budget_seconds=10, pace=None, clock=lambda: next(clock))
     assert first.more and 0 < first.rolled < 30
     assert maintenance.due(conn).rollover_users == 30 - first.rolled
-    second = maintenance.rollover(conn)
+    second = maintenance.rollover(conn, pace=None)
     assert (second.rolled, second.more) == (30 - first.rolled, False)
     assert rolled_users(conn, day) == 30
 
@@ -116,7 +116,7 @@ def test_a_failing_user_does_not_stop_the_rest(conn: Connection, db_url: str) ->
         execute(
             holder, "SELECT 1 FROM user_stats_refresh_state WHERE user_id = %s FOR UPDATE", (busy,)
         )
-        result = maintenance.rollover(conn)
+        result = maintenance.rollover(conn, pace=None)
     assert (result.rolled, result.failed, result.more) == (39, 1, False)
     assert rolled_users(conn, day) == 39
     state = fetch_one(
@@ -125,3 +125,39 @@ def test_a_failing_user_does_not_stop_the_rest(conn: Connection, db_url: str) ->
         (busy,),
     )
     assert state is not None and state["attempt_count"] == 1 and "lock" in state["last_error"]
+
+
+class FakeTime:
+    """A clock that moves `work` seconds per reading and by every sleep."""
+
+    def __init__(self, work: float) -> None:
+        self.now = 0.0
+        self.work = work
+        self.slept: list[float] = []
+
+    def clock(self) -> float:
+        self.now += self.work
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_a_run_keeps_to_its_pace(conn: Connection) -> None:
+    day = population(conn, 12)
+    fake = FakeTime(work=0.001)
+    result = maintenance.rollover(conn, pace=4, clock=fake.clock, sleep=fake.sleep)
+    assert (result.rolled, result.more) == (12, False)
+    assert rolled_users(conn, day) == 12
+    # Four users a second: twelve users take three seconds, the waits fill the rest (a
+    # wait before each next look, the last of which finds nobody due).
+    assert 2.9 < fake.now < 3.3 and len(fake.slept) == 12
+    # The next midnight: the budget bounds the waits too.
+    set_clock(conn, day + timedelta(days=1))
+    execute(conn, "UPDATE user_pr_overview_rollover_state SET due_at = now()")
+    fake = FakeTime(work=0.001)
+    result = maintenance.rollover(
+        conn, budget_seconds=1.0, pace=4, clock=fake.clock, sleep=fake.sleep
+    )
+    assert result.more and result.rolled <= 5
