@@ -52,6 +52,7 @@ class Sizes(Protocol):
 
 POPULATION = """
 INSERT INTO exercises (id, name) SELECT 'move_' || g, 'Move ' || g FROM generate_series(1, 8) g;
+UPDATE catalog_invalidation_tokens SET processed_token = token, pass_token = NULL, cursor = NULL;
 INSERT INTO training_sessions (id, user_id, session_date)
 SELECT md5(u || '-' || s)::uuid, md5('user-' || u)::uuid,
        %(today)s::date - (s * %(span)s / %(sessions)s)
@@ -115,8 +116,9 @@ def _build_windows(url: str, today: date, threads: int = 2) -> None:
 
 def load_population(url: str, users: int) -> date:
     """`users` users with their history, generation 1 published (projections in place,
-    so the backfill scanner finds nothing stale) and a window built for the server's
-    date; returns that date."""
+    so the backfill scanner finds nothing stale; the catalog predates them, so no
+    catalog pass is owed) and a window built for the server's date; returns that
+    date."""
     with connect(url) as conn:
         row = fetch_one(conn, "SELECT current_date AS today")
         assert row is not None
