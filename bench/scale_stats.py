@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import threading
 import time
 import uuid
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from bench import stats as stats_bench
-from bench.common import Figure, scratch_database
+from bench.common import Figure, scratch_database, server_url
 from bench.orchestration import daemon
 from inventory_pipeline.db import Connection, connect, execute, fetch_one, jsonb
 from inventory_pipeline.stats import processors
@@ -398,3 +399,19 @@ def run(admin_url: str, mode: Sizes) -> list[Figure]:
     for users in pick(mode, [50], [1_000, 10_000], [1_000, 10_000, 100_000]):
         figures.append(s6(admin_url, users))
     return figures
+
+
+def main(argv: list[str]) -> None:
+    """`python -m bench.scale_stats s7:10000 s6:1000 ...`: chosen figures at chosen
+    sizes, on the bench's server (INVENTORY_BENCH_DATABASE_URL or an embedded one)."""
+    with server_url() as admin:
+        for spec in argv:
+            what, users = spec.split(":")
+            started = time.monotonic()
+            figures = s7(admin, int(users)) if what == "s7" else [s6(admin, int(users))]
+            for figure in figures:
+                print(figure.line(), f"[{time.monotonic() - started:.0f} s]", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
