@@ -63,13 +63,27 @@ def stats_rebuild() -> None:
     request_stats_rebuild()
 
 
+class RolloverConfig(dg.Config):
+    """Seconds a run may spend rolling windows before it ends (the sensor launches the
+    next one while users are due), and users a second it rolls at most (0: no limit)."""
+
+    budget_seconds: float = maintenance.ROLLOVER_BUDGET_SECONDS
+    users_per_second: float = maintenance.ROLLOVER_PACE
+
+
 @dg.op(tags={QUEUE_TAG: MAINTENANCE_QUEUE})
-def roll_pr_overview(inventory_db: InventoryDatabase) -> dg.Output[int]:
-    """Answer catalog tokens, move the PR overview window of due users, and resume
-    rebuilds whose run was killed."""
+def roll_pr_overview(config: RolloverConfig, inventory_db: InventoryDatabase) -> dg.Output[int]:
+    """Answer catalog tokens, move the PR overview window of due users until none is due
+    or the budget is spent, and resume rebuilds whose run was killed."""
+    if not config.budget_seconds > 0 or not config.users_per_second >= 0:
+        raise dg.Failure(
+            "budget_seconds must be positive and users_per_second at least 0, got"
+            f" {config.budget_seconds} and {config.users_per_second}"
+        )
+    pace = config.users_per_second or None
     with inventory_db.connection() as conn:
         catalog = maintenance.process_catalog(conn)
-        rolled = maintenance.rollover(conn)
+        rolled = maintenance.rollover(conn, budget_seconds=config.budget_seconds, pace=pace)
         resumed = rebuild.resume_rebuilds(conn)
         overview = maintenance.rollover_overview(conn)
     metadata: dict[str, dg.RawMetadataValue] = {
@@ -77,6 +91,7 @@ def roll_pr_overview(inventory_db: InventoryDatabase) -> dg.Output[int]:
         "rollover_rolled": rolled.rolled,
         "rollover_deferred": rolled.deferred,
         "rollover_failed": rolled.failed,
+        "rollover_budget_spent": rolled.more,
         "rebuild_resumed_users": sum(p.enqueued_now for p in resumed),
         "due_backlog": int(overview.get("due_backlog") or 0),
         "failing_users": int(overview.get("failing_users") or 0),
@@ -177,13 +192,19 @@ def stats_retention() -> None:
 maintenance_jobs = [stats_rebuild, stats_rollover, stats_backfill_scan, stats_retention]
 
 
+# The daemon's own cadence: while users are due, a run that spent its budget is
+# followed by the next at the first tick after it ends (a minute's wait between runs
+# would leave 100,000 users for hours after midnight).
+ROLLOVER_SENSOR_SECONDS = 5
+
+
 @dg.sensor(
     job=stats_rollover,
-    minimum_interval_seconds=60,
+    minimum_interval_seconds=ROLLOVER_SENSOR_SECONDS,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="At most once a minute, launches a rollover run when a PR overview window "
-    "is due, a catalog token is unanswered or a killed rebuild waits; otherwise skips "
-    "(no idle runs).",
+    description="Launches a rollover run when a PR overview window is due, a catalog token "
+    "is unanswered or a killed rebuild waits, and again as soon as the last run ends while "
+    "any remains; otherwise skips (no idle runs).",
 )
 def stats_rollover_sensor(
     context: dg.SensorEvaluationContext, inventory_db: InventoryDatabase

@@ -17,8 +17,8 @@ from inventory_pipeline.stats import maintenance_repository as repo
 from inventory_pipeline.stats.maintenance_repository import MaintenanceDue
 from inventory_pipeline.stats.rebuild import ABANDONED_SECONDS
 from inventory_pipeline.stats.rollover import (
-    ROLLOVER_PAGE,
-    ROLLOVER_PAGE_MAX,
+    ROLLOVER_BUDGET_SECONDS,
+    ROLLOVER_PACE,
     RolloverResult,
     rollover,
     rollover_overview,
@@ -33,8 +33,8 @@ __all__ = [
     "CATALOG_USER_PAGE",
     "RETENTION_BATCH",
     "RETENTION_DAYS",
-    "ROLLOVER_PAGE",
-    "ROLLOVER_PAGE_MAX",
+    "ROLLOVER_BUDGET_SECONDS",
+    "ROLLOVER_PACE",
     "SCAN_PAGE",
     "MaintenanceDue",
     "RolloverResult",

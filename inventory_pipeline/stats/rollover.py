@@ -9,10 +9,17 @@ write can interleave), is built in one transaction, and is never built for a gen
 older than the applied one. A user whose newer generation is pending waits for it (its
 publication builds a fresh window); a user whose state row is busy fails the attempt and
 retries with backoff, as the operator's overview shows.
+
+A run keeps rolling while users are due, bounded by a time budget (so a run never holds
+the maintenance queue for long) and never by a page: at 100,000 users the whole
+population must move within the hour after midnight, so the sensor launches the next
+run at once while the run reports due users left.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -21,19 +28,23 @@ from uuid import UUID
 from inventory_pipeline.db import Connection, DatabaseError, savepoint, transaction
 from inventory_pipeline.stats import maintenance_repository as repo
 
-ROLLOVER_PAGE = 500
-ROLLOVER_PAGE_MAX = 1000
+# A rollover run's time budget: one run rolls every due user it reaches in this time.
+ROLLOVER_BUDGET_SECONDS = 50.0
+# Users a second a run rolls at most: 100,000 users in under 20 minutes of runs (the
+# goal is an hour), leaving most of a small machine to session saves meanwhile.
+ROLLOVER_PACE = 100.0
 STATE_BUSY = "stats state locked by a save or publication in progress"
 
 
 @dataclass(frozen=True)
 class RolloverResult:
-    """One rollover tick: windows moved, users waiting for a pending generation, and
-    failed attempts."""
+    """One rollover run: windows moved, users waiting for a pending generation, failed
+    attempts, and whether it stopped at its budget or limit (due users may be left)."""
 
     rolled: int
     failed: int
     deferred: int = 0
+    more: bool = False
 
     @property
     def requested(self) -> int:
@@ -80,18 +91,38 @@ def roll_one(conn: Connection, after: tuple[datetime, UUID] | None) -> RolledUse
         return RolledUser(due, "rolled")
 
 
-def rollover(conn: Connection, limit: int = ROLLOVER_PAGE) -> RolloverResult:
-    """Up to `limit` due users, one per transaction, in due order."""
-    limit = max(1, min(limit, ROLLOVER_PAGE_MAX))
+def rollover(
+    conn: Connection,
+    limit: int | None = None,
+    budget_seconds: float = ROLLOVER_BUDGET_SECONDS,
+    pace: float | None = ROLLOVER_PACE,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> RolloverResult:
+    """Every due user, one per transaction, in due order, until none is due or the run
+    has spent `budget_seconds` (or rolled `limit` users, when given); a run always
+    handles at least one due user, and a failing user is recorded and passed over. At
+    most `pace` users a second (None: as fast as it goes), so the machine's other work,
+    session saves above all, keeps its share. `more` says the run stopped with users
+    possibly still due."""
     counts = {"rolled": 0, "deferred": 0, "failed": 0}
     after: tuple[datetime, UUID] | None = None
-    for _ in range(limit):
+    started = clock()
+    deadline = started + budget_seconds
+    handled = 0
+    while True:
         done = roll_one(conn, after)
         if done is None:
-            break
+            return RolloverResult(counts["rolled"], counts["failed"], counts["deferred"])
         counts[done.outcome] += 1
+        handled += 1
         after = done.position
-    return RolloverResult(counts["rolled"], counts["failed"], counts["deferred"])
+        if (limit is not None and handled >= limit) or clock() >= deadline:
+            return RolloverResult(counts["rolled"], counts["failed"], counts["deferred"], more=True)
+        if pace is not None:
+            ahead = started + handled / pace - clock()
+            if ahead > 0:
+                sleep(min(ahead, deadline - clock()))
 
 
 def rollover_overview(conn: Connection) -> dict[str, Any]:

@@ -127,3 +127,63 @@ def test_run_history_purge_through_the_instance_api(instance: dg.DagsterInstance
     second = maintenance_defs.purge_run_history(instance, ("stats_drain",), cutoff, batch=2)
     assert (first, second) == ({"stats_drain": 2}, {"stats_drain": 1})
     assert run_ids(instance) == {other}
+
+
+def test_rollover_sensor_relaunches_at_once_while_users_are_due(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    """A run that spent its budget leaves users due: the next tick after it ends (the
+    daemon's cadence, not a minute) launches the next run, until none is due."""
+    db = InventoryDatabase(url=db_url)
+    resources = {"inventory_db": db}
+    assert maintenance_defs.stats_rollover_sensor.minimum_interval_seconds == 5
+    conn.execute(
+        "INSERT INTO user_stats_refresh_state (user_id, requested_version, applied_version)"
+        " SELECT gen_random_uuid(), 1, 1 FROM generate_series(1, 3)"
+    )
+    conn.execute(
+        "INSERT INTO user_pr_overview_rollover_state (user_id, due_at, snapshot_generation)"
+        " SELECT user_id, now() - interval '1 minute', 1 FROM user_stats_refresh_state"
+    )
+
+    def tick(cursor: str | None) -> dg.RunRequest | dg.SkipReason:
+        context = dg.build_sensor_context(instance=instance, resources=resources, cursor=cursor)
+        result = maintenance_defs.stats_rollover_sensor(context)
+        assert isinstance(result, dg.RunRequest | dg.SkipReason)
+        return result
+
+    launches = []
+    cursor: str | None = None
+    for _ in range(5):
+        request = tick(cursor)
+        if isinstance(request, dg.SkipReason):
+            break
+        launches.append(request.run_key)
+        cursor = str(len(launches))
+        # A budget so small that each run rolls exactly one user and stops.
+        result = maintenance_defs.stats_rollover.execute_in_process(
+            instance=instance,
+            resources=resources,
+            run_config={"ops": {"roll_pr_overview": {"config": {"budget_seconds": 1e-9}}}},
+        )
+        assert result.success
+        assert result.output_for_node("roll_pr_overview") == 1
+    assert launches == ["stats-rollover-1", "stats-rollover-2", "stats-rollover-3"]
+    row = conn.execute(
+        "SELECT count(*) AS due FROM user_pr_overview_rollover_state WHERE due_at <= now()"
+    ).fetchone()
+    assert row is not None and row["due"] == 0
+
+
+def test_rollover_sensor_waits_for_the_run_in_flight(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    resources = {"inventory_db": InventoryDatabase(url=db_url)}
+    conn.execute(
+        "INSERT INTO user_pr_overview_rollover_state (user_id, due_at)"
+        " VALUES (gen_random_uuid(), now() - interval '1 minute')"
+    )
+    add_run(instance, "stats_rollover", dg.DagsterRunStatus.STARTED, datetime.timedelta(0))
+    context = dg.build_sensor_context(instance=instance, resources=resources)
+    result = maintenance_defs.stats_rollover_sensor(context)
+    assert isinstance(result, dg.SkipReason) and "already" in str(result.skip_message)
