@@ -40,7 +40,10 @@ RETURNING r.id, r.library_id, r.status;
 -- continues where the previous one stopped instead of walking again every backlogged
 -- library it already passed over. Every row reports how many candidates the pass found
 -- and the last one's position (a pass that inserts nothing returns one row of NULLs).
-WITH candidate AS (
+WITH backlog AS (
+    -- Dirty libraries of active servers without active work, oldest first. OFFSET 0
+    -- keeps this a separate step, so the circuit probe below only runs for the libraries
+    -- that pass it, not for every backlogged one.
     SELECT s.library_id, s.dirty_since
     FROM library_inventory_state s
     JOIN libraries l ON l.id = s.library_id
@@ -53,18 +56,24 @@ WITH candidate AS (
           SELECT 1 FROM profile_refresh_requests a
           WHERE a.library_id = s.library_id AND a.status IN ('pending', 'running')
       )
-      AND NOT EXISTS (
+    ORDER BY s.dirty_since, s.library_id
+    OFFSET 0
+),
+candidate AS (
+    SELECT b.library_id, b.dirty_since
+    FROM backlog b
+    WHERE NOT EXISTS (
           SELECT 1
           FROM (
               SELECT t.status, t.finished_at FROM profile_refresh_requests t
-              WHERE t.library_id = s.library_id AND t.status IN ('succeeded', 'failed')
+              WHERE t.library_id = b.library_id AND t.status IN ('succeeded', 'failed')
               ORDER BY t.id DESC
               LIMIT 1
           ) AS latest
           WHERE latest.status = 'failed'
             AND latest.finished_at > now() - make_interval(secs => %(circuit_probe_seconds)s)
       )
-    ORDER BY s.dirty_since, s.library_id
+    ORDER BY b.dirty_since, b.library_id
     LIMIT %(limit)s
 ),
 locked AS (
