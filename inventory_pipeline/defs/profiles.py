@@ -375,10 +375,10 @@ def _read_cursor(cursor: str | None) -> dict[str, Any]:
 
 
 def _newest_partition(instance: dg.DagsterInstance) -> str:
-    """The storage position of the newest key of the partition set (one indexed row):
-    it moves whenever a key is added, by this sensor or by hand."""
-    newest = instance.get_paginated_dynamic_partitions(PARTITIONS_NAME, limit=1, ascending=False)
-    return newest.cursor
+    """The newest key of the partition set (one indexed row): it changes whenever a key
+    is added, by this sensor or by hand ("" for an empty set)."""
+    page = instance.get_paginated_dynamic_partitions(PARTITIONS_NAME, limit=1, ascending=False)
+    return page.results[0] if page.results else ""
 
 
 def _partition_requests(
@@ -418,31 +418,51 @@ def library_profile_sensor(
     (`run_claims` each), never more than `max_runs_per_tick` waiting to start. Partition
     keys that are not libraries (added by hand in the UI) are reported and removed.
 
-    The partition sync diffs both key sets only when the library set's fingerprint or
-    the newest partition key changed since the last sync (the cursor keeps both), or
-    FULL_SYNC_SECONDS have passed; otherwise a tick reads neither set."""
+    The partition sync reads neither key set while the library set's fingerprint and
+    the newest partition key are those of the last sync (the cursor keeps both). When
+    only libraries were created since, it adds their keys; any other change (a library
+    deleted, a key added by hand) or FULL_SYNC_SECONDS since the last diff diffs both
+    sets."""
     policy = inventory_db.policy()
     max_runs = inventory_db.max_runs_per_tick()
     state = _read_cursor(context.cursor)
     newest = _newest_partition(context.instance)
-    with inventory_db.connection() as conn:
-        fingerprint = service.library_fingerprint(conn).token
-        synced = (
-            state.get("libraries") == fingerprint
-            and state.get("newest") == newest
-            and time.time() - float(state.get("synced_at", 0)) < FULL_SYNC_SECONDS
-        )
-        library_ids = set() if synced else {str(i) for i in service.library_ids(conn)}
-        plan = service.plan(conn, policy)
-        claimable = service.claimable(conn, max_runs * policy.run_claims)
     partition_requests: list[dg.AddDynamicPartitionsRequest | dg.DeleteDynamicPartitionsRequest]
     partition_requests, removed = [], ""
-    if not synced:
-        partition_requests, removed = _partition_requests(context, library_ids)
-        # After this tick's requests apply, the sync holds for this fingerprint. Keys
-        # this tick adds move the newest key, so the next tick diffs once more (and
-        # finds nothing to do).
-        state = {**state, "libraries": fingerprint, "newest": newest, "synced_at": time.time()}
+    with inventory_db.connection() as conn:
+        plan = service.plan(conn, policy)
+        claimable = service.claimable(conn, max_runs * policy.run_claims)
+        fingerprint = service.library_fingerprint(conn)
+        recent = (
+            state.get("newest") == newest
+            and time.time() - float(state.get("synced_at", 0)) < FULL_SYNC_SECONDS
+        )
+        if not (recent and state.get("libraries") == fingerprint.token):
+            appended = (
+                service.library_ids_after(conn, int(state.get("max_id", 0))) if recent else []
+            )
+            count = int(state.get("count", -1))
+            if appended and fingerprint.libraries == count + len(appended):
+                # Only libraries created since the last sync: add their keys, no diff.
+                added = [str(i) for i in appended]
+                partition_requests.append(library_partitions.build_add_request(added))
+            else:
+                library_ids = {str(i) for i in service.library_ids(conn)}
+                partition_requests, removed = _partition_requests(context, library_ids)
+            adds = [r for r in partition_requests if isinstance(r, dg.AddDynamicPartitionsRequest)]
+            deletes = len(partition_requests) > len(adds)
+            # Once applied, the newest key is the last one added (keys are added in
+            # order); after a deletion it is not known, and the next tick diffs again.
+            if adds:
+                newest = list(adds[-1].partition_keys or [newest])[-1]
+            state = {
+                **state,
+                "libraries": fingerprint.token,
+                "count": fingerprint.libraries,
+                "max_id": fingerprint.max_id,
+                "newest": None if deletes else newest,
+                "synced_at": time.time(),
+            }
     wanted = min(max_runs, -(-claimable // policy.run_claims))
     launches = max(0, wanted - runs_waiting(context.instance, library_profile_refresh.name))
     first = int(state["runs"])

@@ -387,6 +387,10 @@ WHERE r.id = doomed.id;
 -- Partition keys: every library, in id order.
 SELECT id FROM libraries ORDER BY id;
 
+-- name: library_ids_after
+-- Libraries created after a known largest id (ids only grow), in id order.
+SELECT id FROM libraries WHERE id > %(after_id)s ORDER BY id;
+
 -- name: library_fingerprint
 -- A cheap summary of the set of library ids (one index-only scan, no rows shipped):
 -- any insertion or deletion changes the count or the sum of 64-bit id hashes, so the

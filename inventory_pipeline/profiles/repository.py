@@ -258,6 +258,11 @@ def library_ids(conn: Connection) -> list[int]:
     return [int(r["id"]) for r in fetch_all(conn, QUERIES["library_ids"])]
 
 
+def library_ids_after(conn: Connection, after_id: int) -> list[int]:
+    rows = fetch_all(conn, QUERIES["library_ids_after"], {"after_id": after_id})
+    return [int(r["id"]) for r in rows]
+
+
 def library_fingerprint(conn: Connection) -> LibrarySetFingerprint:
     row = fetch_one(conn, QUERIES["library_fingerprint"])
     assert row is not None  # an aggregate always returns one row

@@ -331,6 +331,11 @@ def library_ids(conn: Connection) -> list[int]:
     return repository.library_ids(conn)
 
 
+def library_ids_after(conn: Connection, after_id: int) -> list[int]:
+    """Libraries with an id above `after_id`, in id order."""
+    return repository.library_ids_after(conn, after_id)
+
+
 def library_fingerprint(conn: Connection) -> LibrarySetFingerprint:
     """What the set of library ids looks like, without reading it: the partition sync
     compares this with the last synced one and only diffs both key sets on a change."""
