@@ -18,12 +18,19 @@ under `--smoke` (CI), 1k and 10k by default, 100k added under `--scale`.
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import socket
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import dagster as dg
@@ -33,7 +40,14 @@ from inventory_pipeline.db import connect, execute, fetch_one
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
 from inventory_pipeline.defs import profiles as profile_defs
 from inventory_pipeline.defs.resources import InventoryDatabase
-from inventory_pipeline.deployment import dagster_storage_url
+from inventory_pipeline.deployment import (
+    WEBSERVER_COMMAND,
+    dagster_storage_url,
+    prepare_dagster_home,
+    start_dagster,
+    stop_dagster,
+)
+from inventory_pipeline.settings import Settings
 
 T = TypeVar("T")
 GOAL_SECONDS = 0.5
@@ -228,12 +242,174 @@ def run(admin_url: str, mode: _Mode) -> list[Figure]:
     return figures
 
 
+HEALTH = """
+query PartitionHealthQuery($assetKey: AssetKeyInput!) {
+  assetNodeOrError(assetKey: $assetKey) {
+    ... on AssetNode {
+      id
+      partitionKeysByDimension { name type partitionKeys }
+      assetPartitionStatuses {
+        ... on DefaultPartitionStatuses {
+          materializedPartitions materializingPartitions failedPartitions
+        }
+      }
+    }
+  }
+}
+"""
+
+
+def _post(url: str, query: str, variables: dict[str, Any]) -> bytes:
+    body = json.dumps({"query": query, "variables": variables}).encode()
+    request = urllib.request.Request(
+        f"{url}/graphql", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=300) as response:
+        return bytes(response.read())
+
+
+def _serves(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/server_info", timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def partitions_tab(admin_url: str, size: int, browser: bool) -> list[Figure]:
+    """S4: the asset's Partitions tab with `size` partition keys and no materialization:
+    the partition-health query the UI sends (time, response size) on a real webserver,
+    and with `browser`, Chromium's time from navigation to the tab's partition bar."""
+    with (
+        scratch_database(admin_url) as url,
+        tempfile.TemporaryDirectory(prefix="inventory-bench-ui-") as home,
+    ):
+        storage_name = f"inventory_bench_dagster_{uuid.uuid4().hex[:8]}"
+        with connect(admin_url) as admin:
+            create_database(admin, storage_name)
+        storage_url = dagster_storage_url(url_with_database(admin_url, storage_name))
+        proc = None
+        try:
+            storage = {"postgres": {"postgres_url": storage_url}}
+            with dg.instance_for_test(overrides={"storage": storage}) as instance:
+                keys = [str(i) for i in range(1, size + 1)]
+                for start in range(0, size, 10_000):
+                    instance.add_dynamic_partitions(
+                        profile_defs.PARTITIONS_NAME, keys[start : start + 10_000]
+                    )
+            prepare_dagster_home(Settings.from_env({}), {"DAGSTER_HOME": home})
+            env = dict(os.environ)
+            env.update(
+                {
+                    "DAGSTER_HOME": home,
+                    "INVENTORY_DATABASE_URL": url,
+                    "INVENTORY_DAGSTER_STORAGE_URL": storage_url,
+                }
+            )
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            web = f"http://127.0.0.1:{port}"
+            with (Path(home) / "webserver.log").open("wb") as log:
+                proc = start_dagster(
+                    [
+                        *WEBSERVER_COMMAND,
+                        "-h",
+                        "127.0.0.1",
+                        "-p",
+                        str(port),
+                        "-m",
+                        "inventory_pipeline.definitions",
+                    ],
+                    env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            deadline = time.monotonic() + 180
+            while not _serves(web):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the webserver did not start")
+                time.sleep(0.5)
+            variables = {"assetKey": {"path": ["library_profile"]}}
+            _post(web, HEALTH, variables)  # warm: code location loaded
+            samples = []
+            size_bytes = 0
+            for _ in range(5):
+                start = time.perf_counter()
+                size_bytes = len(_post(web, HEALTH, variables))
+                samples.append(time.perf_counter() - start)
+            judged = size >= 100_000
+            figures = [
+                Figure(
+                    f"S4 partition-health query, {size} partitions",
+                    statistics.median(samples),
+                    " s",
+                    "tab <= 2 s at 100k",
+                    None,
+                    f"max {max(samples):.2f} s, response {size_bytes / 1000:.0f} KB, 5 runs",
+                ),
+            ]
+            if browser:
+                figures.append(_browser(web, size, judged))
+            return figures
+        finally:
+            if proc is not None:
+                stop_dagster(proc, timeout=5)
+            with connect(admin_url) as admin:
+                drop_database(admin, storage_name)
+
+
+def _browser(web: str, size: int, judged: bool) -> Figure:
+    """Chromium: from navigation to the Partitions tab until its partition-health
+    response has arrived, and until the page went quiet (Playwright's network idle: no
+    request for 500 ms, which it includes), the median of 3 loads after a first one."""
+    from playwright.sync_api import sync_playwright
+
+    health_at: list[float] = []
+    quiet_at: list[float] = []
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path="/usr/bin/chromium")
+        try:
+            for _ in range(4):
+                page = chromium.new_page()
+                start = time.perf_counter()
+                with page.expect_response(
+                    lambda r: "PartitionHealthQuery" in (r.request.post_data or ""),
+                    timeout=120_000,
+                ) as health:
+                    page.goto(f"{web}/assets/library_profile?view=partitions")
+                health.value.finished()
+                health_at.append(time.perf_counter() - start)
+                page.wait_for_load_state("networkidle", timeout=120_000)
+                quiet_at.append(time.perf_counter() - start)
+                page.close()
+        finally:
+            chromium.close()
+    value = statistics.median(health_at[1:])  # the first load also compiles the app
+    return Figure(
+        f"S4 Partitions tab in Chromium, {size} partitions",
+        value,
+        " s",
+        "<= 2 s at 100k",
+        value <= 2.0 if judged else None,
+        f"navigation to health response; to network idle {statistics.median(quiet_at[1:]):.2f} s",
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scale_profiles")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--smoke", action="store_true")
     group.add_argument("--scale", action="store_true")
+    parser.add_argument("--ui", nargs="*", type=int, help="S4 only, at these partition counts")
+    parser.add_argument("--browser", action="store_true", help="S4 also in Chromium")
     args = parser.parse_args()
+    if args.ui is not None:
+        with server_url() as admin_url:
+            for size in args.ui or [1_000, 10_000, 100_000]:
+                for figure in partitions_tab(admin_url, size, args.browser):
+                    print(figure.line(), flush=True)
+        return 0
     mode = _LocalMode("smoke" if args.smoke else "scale" if args.scale else "default")
     with server_url() as admin_url:
         for figure in run(admin_url, mode):
