@@ -4,12 +4,10 @@ library that needs planning."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from inventory_pipeline.db import Connection, connect, execute, fetch_all, fetch_one
-from inventory_pipeline.profiles import repository, service
+from inventory_pipeline.profiles import service
 from inventory_pipeline.profiles.models import RefreshPolicy
 
 BACKLOG = 300
@@ -115,48 +113,3 @@ def test_tick_walks_the_backlog_once_not_once_per_pass(conn: Connection, db_url:
     # One walk over the BACKLOG entries plus the lock steps (450 here); a walk from the
     # start in every pass reads the backlog once per pass (900 over this tick's 3 passes).
     assert read < 2 * BACKLOG, f"{read} dirty-index entries read for {BACKLOG} dirty libraries"
-
-
-def index_names(plan: Any) -> set[str]:
-    """Every index an EXPLAIN (FORMAT JSON) plan reads."""
-    found: set[str] = set()
-    if isinstance(plan, dict):
-        if "Index Name" in plan:
-            found.add(plan["Index Name"])
-        for value in plan.values():
-            found |= index_names(value)
-    elif isinstance(plan, list):
-        for value in plan:
-            found |= index_names(value)
-    return found
-
-
-def test_circuit_probe_reads_one_library_whatever_the_statistics(conn: Connection) -> None:
-    """Statistics taken while no request was terminal must not turn the probe of each
-    dirty library's latest terminal request into a scan of every terminal request (the
-    partial index on finished_at matches the probe's predicate, not its library)."""
-    backlog(conn, same_age=False)
-    execute(conn, "ALTER TABLE profile_refresh_requests SET (autovacuum_enabled = off)")
-    execute(conn, "ANALYZE profile_refresh_requests")
-    execute(
-        conn,
-        "INSERT INTO profile_refresh_requests (library_id, kind, source, reason,"
-        " inventory_revision, status, finished_at)"
-        " SELECT library_id, 'inventory_change', 'inventory_revision', 'inventory_changed',"
-        " 1, 'succeeded', now() FROM library_inventory_state, generate_series(1, 5)",
-    )
-    row = fetch_one(
-        conn,
-        "EXPLAIN (FORMAT JSON) " + repository.QUERIES["plan_inventory_requests"],
-        {
-            "limit": 25,
-            "circuit_probe_seconds": 7200,
-            "source": "inventory_revision",
-            "reason": "inventory_changed",
-            "after_since": "-infinity",
-            "after_id": 0,
-        },
-    )
-    assert row is not None
-    indexes = index_names(row["QUERY PLAN"])
-    assert "profile_refresh_requests_finished" not in indexes, sorted(indexes)
