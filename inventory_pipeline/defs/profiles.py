@@ -15,6 +15,7 @@ is removed, never fatal.
 # signatures at definition time and compares the context annotation to real classes.
 
 import json
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -354,6 +355,54 @@ def _partition_order(key: str) -> tuple[int, int, str]:
     return (0, int(key), "") if is_library_key(key) else (1, 0, key)
 
 
+# A full partition diff at least this often even when nothing seems to have changed:
+# it restores a library partition deleted by hand in the UI, which no cheap signal shows.
+FULL_SYNC_SECONDS = 600
+
+
+def _read_cursor(cursor: str | None) -> dict[str, Any]:
+    """The profile sensor's cursor: runs launched so far and the last synced partition
+    state. A bare integer is the older cursor (runs launched only)."""
+    if not cursor:
+        return {"runs": 0}
+    if cursor.isdigit():
+        return {"runs": int(cursor)}
+    try:
+        state = json.loads(cursor)
+    except ValueError:
+        return {"runs": 0}
+    return state if isinstance(state, dict) and isinstance(state.get("runs"), int) else {"runs": 0}
+
+
+def _newest_partition(instance: dg.DagsterInstance) -> str:
+    """The newest key of the partition set (one indexed row): it changes whenever a key
+    is added, by this sensor or by hand ("" for an empty set)."""
+    page = instance.get_paginated_dynamic_partitions(PARTITIONS_NAME, limit=1, ascending=False)
+    return page.results[0] if page.results else ""
+
+
+def _partition_requests(
+    context: dg.SensorEvaluationContext, library_ids: set[str]
+) -> tuple[list[dg.AddDynamicPartitionsRequest | dg.DeleteDynamicPartitionsRequest], str]:
+    """Add a partition for each library without one and delete every key that is not a
+    library; also returns the warning for the foreign keys removed."""
+    known = set(context.instance.get_dynamic_partitions(PARTITIONS_NAME))
+    requests: list[dg.AddDynamicPartitionsRequest | dg.DeleteDynamicPartitionsRequest] = []
+    if library_ids - known:
+        requests.append(library_partitions.build_add_request(sorted(library_ids - known, key=int)))
+    gone = sorted(known - library_ids, key=_partition_order)
+    if gone:
+        requests.append(library_partitions.build_delete_request(gone))
+    foreign = [key for key in gone if not is_library_key(key)]
+    removed = ""
+    if foreign:
+        shown = ", ".join(repr(key[:40]) for key in foreign[:5])
+        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        removed = f"removed partition keys that are not library ids: {shown}{more}; "
+        context.log.warning(removed.rstrip("; "))
+    return requests, removed
+
+
 @dg.sensor(
     job=library_profile_refresh,
     minimum_interval_seconds=5,
@@ -367,33 +416,56 @@ def library_profile_sensor(
     """A tick never claims: ticks fail, are previewed from the UI and are retried, and a
     run may wait in the queue for minutes. It launches enough runs for the backlog
     (`run_claims` each), never more than `max_runs_per_tick` waiting to start. Partition
-    keys that are not libraries (added by hand in the UI) are reported and removed."""
+    keys that are not libraries (added by hand in the UI) are reported and removed.
+
+    The partition sync reads neither key set while the library set's fingerprint and
+    the newest partition key are those of the last sync (the cursor keeps both). When
+    only libraries were created since, it adds their keys; any other change (a library
+    deleted, a key added by hand) or FULL_SYNC_SECONDS since the last diff diffs both
+    sets."""
     policy = inventory_db.policy()
     max_runs = inventory_db.max_runs_per_tick()
+    state = _read_cursor(context.cursor)
+    newest = _newest_partition(context.instance)
+    partition_requests: list[dg.AddDynamicPartitionsRequest | dg.DeleteDynamicPartitionsRequest]
+    partition_requests, removed = [], ""
     with inventory_db.connection() as conn:
-        library_ids = {str(i) for i in service.library_ids(conn)}
         plan = service.plan(conn, policy)
         claimable = service.claimable(conn, max_runs * policy.run_claims)
-    known = set(context.instance.get_dynamic_partitions(PARTITIONS_NAME))
-    partition_requests: list[dg.AddDynamicPartitionsRequest | dg.DeleteDynamicPartitionsRequest]
-    partition_requests = []
-    if library_ids - known:
-        partition_requests.append(
-            library_partitions.build_add_request(sorted(library_ids - known, key=int))
+        fingerprint = service.library_fingerprint(conn)
+        recent = (
+            state.get("newest") == newest
+            and time.time() - float(state.get("synced_at", 0)) < FULL_SYNC_SECONDS
         )
-    gone = sorted(known - library_ids, key=_partition_order)
-    if gone:
-        partition_requests.append(library_partitions.build_delete_request(gone))
-    foreign = [key for key in gone if not is_library_key(key)]
-    removed = ""
-    if foreign:
-        shown = ", ".join(repr(key[:40]) for key in foreign[:5])
-        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
-        removed = f"removed partition keys that are not library ids: {shown}{more}; "
-        context.log.warning(removed.rstrip("; "))
+        if not (recent and state.get("libraries") == fingerprint.token):
+            appended = (
+                service.library_ids_after(conn, int(state.get("max_id", 0))) if recent else []
+            )
+            count = int(state.get("count", -1))
+            if appended and fingerprint.libraries == count + len(appended):
+                # Only libraries created since the last sync: add their keys, no diff.
+                added = [str(i) for i in appended]
+                partition_requests.append(library_partitions.build_add_request(added))
+            else:
+                library_ids = {str(i) for i in service.library_ids(conn)}
+                partition_requests, removed = _partition_requests(context, library_ids)
+            adds = [r for r in partition_requests if isinstance(r, dg.AddDynamicPartitionsRequest)]
+            deletes = len(partition_requests) > len(adds)
+            # Once applied, the newest key is the last one added (keys are added in
+            # order); after a deletion it is not known, and the next tick diffs again.
+            if adds:
+                newest = list(adds[-1].partition_keys or [newest])[-1]
+            state = {
+                **state,
+                "libraries": fingerprint.token,
+                "count": fingerprint.libraries,
+                "max_id": fingerprint.max_id,
+                "newest": None if deletes else newest,
+                "synced_at": time.time(),
+            }
     wanted = min(max_runs, -(-claimable // policy.run_claims))
     launches = max(0, wanted - runs_waiting(context.instance, library_profile_refresh.name))
-    first = int(context.cursor or "0")
+    first = int(state["runs"])
     runs = [
         dg.RunRequest(
             # Unique per launch: Dagster never re-fires a run_key whose run failed.
@@ -402,8 +474,10 @@ def library_profile_sensor(
         )
         for n in range(launches)
     ]
-    if runs:
-        context.update_cursor(str(first + len(runs)))
+    state = {**state, "runs": first + len(runs)}
+    cursor = json.dumps(state, sort_keys=True)
+    if cursor != context.cursor:
+        context.update_cursor(cursor)
     reason = "nothing to refresh" if claimable == 0 else "runs already waiting to start"
     skip = f"{removed}{reason} (claimable: {claimable}, expired leases: {plan.expired})"
     if not runs and not partition_requests:

@@ -51,6 +51,38 @@ class PlannedRequest:
 
 
 @dataclass(frozen=True)
+class DirtyPosition:
+    """A place in the dirty index's order (oldest change first, then library id)."""
+
+    dirty_since: datetime
+    library_id: int
+
+
+@dataclass(frozen=True)
+class PlannerPass:
+    """One planner pass: the requests it queued, how many candidates its walk found
+    (a full batch means more may follow) and where the walk stopped."""
+
+    requests: tuple[PlannedRequest, ...]
+    candidates: int
+    last: DirtyPosition | None
+
+
+@dataclass(frozen=True)
+class LibrarySetFingerprint:
+    """Count, largest id and a sum of 64-bit id hashes of every library: equal
+    fingerprints mean (but for a hash collision) the same set of library ids."""
+
+    libraries: int
+    max_id: int
+    digest: str
+
+    @property
+    def token(self) -> str:
+        return f"{self.libraries}:{self.max_id}:{self.digest}"
+
+
+@dataclass(frozen=True)
 class Plan:
     """What one planning tick did."""
 

@@ -36,30 +36,44 @@ RETURNING r.id, r.library_id, r.status;
 -- terminal request failed within the circuit probe interval, wait. Each row locks its
 -- library before its state (locking clauses lock in the order they are written); a
 -- library being deleted is skipped.
-WITH candidate AS (
-    SELECT s.library_id
+-- The walk of the dirty index starts after (after_since, after_id): a tick's next pass
+-- continues where the previous one stopped instead of walking again every backlogged
+-- library it already passed over. Every row reports how many candidates the pass found
+-- and the last one's position (a pass that inserts nothing returns one row of NULLs).
+WITH backlog AS (
+    -- Dirty libraries of active servers without active work, oldest first. OFFSET 0
+    -- keeps this a separate step, so the circuit probe below only runs for the libraries
+    -- that pass it, not for every backlogged one.
+    SELECT s.library_id, s.dirty_since
     FROM library_inventory_state s
     JOIN libraries l ON l.id = s.library_id
     JOIN media_servers m ON m.id = l.server_id
     WHERE s.revision > s.acknowledged_revision
+      AND (s.dirty_since, s.library_id) > (%(after_since)s::timestamptz, %(after_id)s::bigint)
       AND l.active
       AND m.active
       AND NOT EXISTS (
           SELECT 1 FROM profile_refresh_requests a
           WHERE a.library_id = s.library_id AND a.status IN ('pending', 'running')
       )
-      AND NOT EXISTS (
+    ORDER BY s.dirty_since, s.library_id
+    OFFSET 0
+),
+candidate AS (
+    SELECT b.library_id, b.dirty_since
+    FROM backlog b
+    WHERE NOT EXISTS (
           SELECT 1
           FROM (
               SELECT t.status, t.finished_at FROM profile_refresh_requests t
-              WHERE t.library_id = s.library_id AND t.status IN ('succeeded', 'failed')
+              WHERE t.library_id = b.library_id AND t.status IN ('succeeded', 'failed')
               ORDER BY t.id DESC
               LIMIT 1
           ) AS latest
           WHERE latest.status = 'failed'
             AND latest.finished_at > now() - make_interval(secs => %(circuit_probe_seconds)s)
       )
-    ORDER BY s.dirty_since, s.library_id
+    ORDER BY b.dirty_since, b.library_id
     LIMIT %(limit)s
 ),
 locked AS (
@@ -71,13 +85,26 @@ locked AS (
     ORDER BY s.library_id
     FOR KEY SHARE OF l SKIP LOCKED
     FOR UPDATE OF s SKIP LOCKED
+),
+inserted AS (
+    INSERT INTO profile_refresh_requests (library_id, kind, source, reason, inventory_revision)
+    SELECT locked.library_id, 'inventory_change', %(source)s, %(reason)s, locked.revision
+    FROM locked
+    ORDER BY locked.library_id
+    ON CONFLICT (library_id) WHERE status IN ('pending', 'running') DO NOTHING
+    RETURNING id, library_id, inventory_revision
+),
+walked AS (
+    SELECT count(*) AS candidates,
+           max(c.dirty_since) AS last_since,
+           (SELECT c2.library_id FROM candidate c2
+            ORDER BY c2.dirty_since DESC, c2.library_id DESC LIMIT 1) AS last_id
+    FROM candidate c
 )
-INSERT INTO profile_refresh_requests (library_id, kind, source, reason, inventory_revision)
-SELECT locked.library_id, 'inventory_change', %(source)s, %(reason)s, locked.revision
-FROM locked
-ORDER BY locked.library_id
-ON CONFLICT (library_id) WHERE status IN ('pending', 'running') DO NOTHING
-RETURNING id, library_id, inventory_revision;
+SELECT i.id, i.library_id, i.inventory_revision, w.candidates, w.last_since, w.last_id
+FROM walked w
+LEFT JOIN inserted i ON true
+ORDER BY i.library_id;
 
 -- name: plan_native_requests
 -- The existing native-policy discovery: nonempty active libraries with an enabled
@@ -359,6 +386,19 @@ WHERE r.id = doomed.id;
 -- name: library_ids
 -- Partition keys: every library, in id order.
 SELECT id FROM libraries ORDER BY id;
+
+-- name: library_ids_after
+-- Libraries created after a known largest id (ids only grow), in id order.
+SELECT id FROM libraries WHERE id > %(after_id)s ORDER BY id;
+
+-- name: library_fingerprint
+-- A cheap summary of the set of library ids (one index-only scan, no rows shipped):
+-- any insertion or deletion changes the count or the sum of 64-bit id hashes, so the
+-- partition sync only reads both full key sets when this changed.
+SELECT count(*) AS libraries,
+       COALESCE(max(id), 0) AS max_id,
+       COALESCE(sum(hashint8extended(id, 0)), 0)::text AS digest
+FROM libraries;
 
 -- name: profile_status
 -- Is each library's profile current with its revision?

@@ -27,8 +27,11 @@ from inventory_pipeline.profiles.models import (
     NATIVE_SOURCE,
     BackfillRequest,
     Claim,
+    DirtyPosition,
     LibraryLabel,
+    LibrarySetFingerprint,
     PlannedRequest,
+    PlannerPass,
     ProfileStatus,
     QueueOverview,
     RefreshPolicy,
@@ -61,8 +64,8 @@ def expire_leases(conn: Connection, policy: RefreshPolicy, limit: int = 1000) ->
 
 
 def plan_inventory_requests(
-    conn: Connection, policy: RefreshPolicy, limit: int
-) -> list[PlannedRequest]:
+    conn: Connection, policy: RefreshPolicy, limit: int, after: DirtyPosition | None = None
+) -> PlannerPass:
     rows = fetch_all(
         conn,
         QUERIES["plan_inventory_requests"],
@@ -71,12 +74,22 @@ def plan_inventory_requests(
             "circuit_probe_seconds": policy.circuit_probe_seconds,
             "source": INVENTORY_SOURCE,
             "reason": INVENTORY_REASON,
+            "after_since": "-infinity" if after is None else after.dirty_since,
+            "after_id": 0 if after is None else after.library_id,
         },
     )
-    return [
+    first = rows[0]
+    last = (
+        None
+        if first["last_id"] is None
+        else DirtyPosition(first["last_since"], int(first["last_id"]))
+    )
+    requests = tuple(
         PlannedRequest(r["id"], r["library_id"], "inventory_change", r["inventory_revision"])
         for r in rows
-    ]
+        if r["id"] is not None
+    )
+    return PlannerPass(requests, int(first["candidates"]), last)
 
 
 def plan_native_requests(
@@ -243,6 +256,17 @@ def compact_requests(conn: Connection, retention_days: int, limit: int) -> int:
 
 def library_ids(conn: Connection) -> list[int]:
     return [int(r["id"]) for r in fetch_all(conn, QUERIES["library_ids"])]
+
+
+def library_ids_after(conn: Connection, after_id: int) -> list[int]:
+    rows = fetch_all(conn, QUERIES["library_ids_after"], {"after_id": after_id})
+    return [int(r["id"]) for r in rows]
+
+
+def library_fingerprint(conn: Connection) -> LibrarySetFingerprint:
+    row = fetch_one(conn, QUERIES["library_fingerprint"])
+    assert row is not None  # an aggregate always returns one row
+    return LibrarySetFingerprint(int(row["libraries"]), int(row["max_id"]), str(row["digest"]))
 
 
 def profile_status(conn: Connection, library_ids: Sequence[int]) -> list[ProfileStatus]:

@@ -30,7 +30,9 @@ from inventory_pipeline.profiles.models import (
     Claim,
     ClaimBatch,
     Completion,
+    DirtyPosition,
     LibraryLabel,
+    LibrarySetFingerprint,
     Observation,
     Plan,
     PlannedRequest,
@@ -52,15 +54,21 @@ def plan(conn: Connection, policy: RefreshPolicy) -> Plan:
     """One scheduler tick: recover expired leases, then queue dirty and native work.
 
     Each planner pass is its own transaction bounded to 25 libraries (seed 000); a
-    tick runs passes until one comes back short, at most `policy.planner_passes`.
+    tick runs passes until one finds fewer than 25 candidates, at most
+    `policy.planner_passes`. Each pass continues the walk of the dirty index where the
+    previous one stopped, so a tick walks a backlog of libraries that already have
+    active work once, not once per pass. A library passed over that becomes a
+    candidate during the tick is planned by the next tick.
     """
     expired = repository.expire_leases(conn, policy)
     inventory: list[PlannedRequest] = []
+    after: DirtyPosition | None = None
     for _ in range(policy.planner_passes):
-        batch = repository.plan_inventory_requests(conn, policy, PLANNER_BATCH)
-        inventory.extend(batch)
-        if len(batch) < PLANNER_BATCH:
+        batch = repository.plan_inventory_requests(conn, policy, PLANNER_BATCH, after)
+        inventory.extend(batch.requests)
+        if batch.candidates < PLANNER_BATCH or batch.last is None:
             break
+        after = batch.last
     native = repository.plan_native_requests(conn, policy, PLANNER_BATCH)
     return Plan(expired=expired, inventory=tuple(inventory), native=tuple(native))
 
@@ -321,6 +329,17 @@ def compact(conn: Connection, policy: RefreshPolicy, max_batches: int = 100) -> 
 
 def library_ids(conn: Connection) -> list[int]:
     return repository.library_ids(conn)
+
+
+def library_ids_after(conn: Connection, after_id: int) -> list[int]:
+    """Libraries with an id above `after_id`, in id order."""
+    return repository.library_ids_after(conn, after_id)
+
+
+def library_fingerprint(conn: Connection) -> LibrarySetFingerprint:
+    """What the set of library ids looks like, without reading it: the partition sync
+    compares this with the last synced one and only diffs both key sets on a change."""
+    return repository.library_fingerprint(conn)
 
 
 def profile_status(conn: Connection, library_ids: Sequence[int]) -> list[ProfileStatus]:

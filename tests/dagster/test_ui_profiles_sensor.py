@@ -267,3 +267,79 @@ def test_stalled_library_fails_its_check_without_a_run_or_a_claim(
     moved = tick(sensor, instance, db_url, result.cursor)
     assert isinstance(moved, dg.SensorResult)
     assert [e.partition for e in moved.asset_events] == [str(stalled)]
+
+
+def test_partition_sync_reads_the_key_sets_only_when_they_changed(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tick in step reads neither key set; new libraries are added without a diff; a
+    deleted library, a key added by hand and the periodic full diff still converge."""
+    sensor = profile_defs.library_profile_sensor
+    srv = f.server(conn)
+    libs = [f.library(conn, srv, name=str(i)) for i in range(3)]
+    reads: list[str] = []
+    read_keys = instance.get_dynamic_partitions
+
+    def counted(name: str) -> Any:
+        reads.append(name)
+        return read_keys(name)
+
+    monkeypatch.setattr(instance, "get_dynamic_partitions", counted)
+
+    def sync(cursor: str | None) -> tuple[list[str], list[str], str | None]:
+        """One tick, its requests applied as the daemon would: (added, deleted, cursor)."""
+        context = dg.build_sensor_context(
+            instance=instance,
+            cursor=cursor,
+            resources={"inventory_db": InventoryDatabase(url=db_url)},
+        )
+        result = sensor(context)
+        added: list[str] = []
+        deleted: list[str] = []
+        if isinstance(result, dg.SensorResult):
+            for request in result.dynamic_partitions_requests or []:
+                keys = list(request.partition_keys or [])
+                if isinstance(request, dg.AddDynamicPartitionsRequest):
+                    instance.add_dynamic_partitions(PARTITIONS, keys)
+                    added += keys
+                else:
+                    for key in keys:
+                        instance.delete_dynamic_partition(PARTITIONS, key)
+                    deleted += keys
+        return added, deleted, context.cursor
+
+    added, deleted, cursor = sync(None)
+    assert (added, deleted, len(reads)) == ([str(i) for i in libs], [], 1)
+    # In step: no key set is read, nothing is requested.
+    added, deleted, cursor = sync(cursor)
+    assert (added, deleted, len(reads)) == ([], [], 1)
+    # A new library: its key alone is added, still without reading the key sets.
+    new = f.library(conn, srv, name="new")
+    added, deleted, cursor = sync(cursor)
+    assert (added, deleted, len(reads)) == ([str(new)], [], 1)
+    assert sync(cursor)[:2] == ([], [])
+    # A deleted library: diffed and removed; the tick after diffs once more, then not.
+    execute(conn, "DELETE FROM libraries WHERE id = %s", (libs[0],))
+    added, deleted, cursor = sync(cursor)
+    assert (added, deleted, len(reads)) == ([], [str(libs[0])], 2)
+    added, deleted, cursor = sync(cursor)
+    added, deleted, cursor = sync(cursor)
+    assert (added, deleted, len(reads)) == ([], [], 3)
+    # A key added by hand moves the newest key: diffed and removed.
+    instance.add_dynamic_partitions(PARTITIONS, ["Films"])
+    added, deleted, cursor = sync(cursor)
+    assert (added, deleted) == ([], ["Films"])
+    added, deleted, cursor = sync(cursor)  # after a deletion: one more diff
+    # A library key deleted by hand shows in no cheap signal: the periodic full diff
+    # restores it.
+    instance.delete_dynamic_partition(PARTITIONS, str(libs[1]))
+    before = len(reads)
+    added, deleted, cursor = sync(cursor)
+    assert (added, deleted, len(reads)) == ([], [], before)
+    assert cursor is not None
+    stale = {**json.loads(cursor), "synced_at": 0}
+    added, deleted, cursor = sync(json.dumps(stale))
+    assert (added, deleted) == ([str(libs[1])], [])
+    assert sorted(instance.get_dynamic_partitions(PARTITIONS), key=int) == [
+        str(i) for i in (*libs[1:], new)
+    ]

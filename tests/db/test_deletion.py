@@ -270,7 +270,7 @@ def request_rows(conn: Connection, library: int) -> list[dict[str, Any]]:
 
 
 def run_plan(conn: Connection, world: World) -> set[int]:
-    planned = profile_queries.plan_inventory_requests(conn, POLICY, 25)
+    planned = profile_queries.plan_inventory_requests(conn, POLICY, 25).requests
     return {p.library_id for p in planned}
 
 
