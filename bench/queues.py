@@ -18,11 +18,12 @@ with the min-max spread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from bench.common import Figure, Mode, over_runs, scratch_database
@@ -42,6 +43,55 @@ UPDATE library_inventory_state SET revision = 1, dirty_since = now(), changed_at
 INSERT INTO profile_refresh_requests (library_id, kind, source, reason, inventory_revision)
 SELECT id, 'inventory_change', 'inventory_revision', 'inventory_changed', 1 FROM libraries;
 """
+
+
+def _matched_pool(**kwargs: Any) -> Any:
+    """Procrastinate's pool as our workers run: autocommit, no check on checkout."""
+    import psycopg_pool
+
+    kwargs.pop("check", None)
+    kwargs["kwargs"] = {**(kwargs.get("kwargs") or {}), "autocommit": True}
+    return psycopg_pool.AsyncConnectionPool(**kwargs)
+
+
+@contextlib.contextmanager
+def _empty_database(admin_url: str) -> Iterator[str]:
+    """A database of its own for Procrastinate's schema, dropped after."""
+    name = f"inventory_bench_procrastinate_{uuid.uuid4().hex[:8]}"
+    with connect(admin_url) as admin:
+        create_database(admin, name)
+    try:
+        yield url_with_database(admin_url, name)
+    finally:
+        with connect(admin_url) as admin:
+            drop_database(admin, name)
+
+
+@contextlib.asynccontextmanager
+async def _procrastinate_queue(url: str, size: int, n: int, matched: bool) -> AsyncIterator[Any]:
+    """An open Procrastinate app with `n` jobs deferred and analyzed: its job manager."""
+    import procrastinate
+    from procrastinate import jobs
+
+    extra: dict[str, Any] = {"pool_factory": _matched_pool} if matched else {}
+    app = procrastinate.App(
+        connector=procrastinate.PsycopgConnector(
+            conninfo=url, min_size=size, max_size=size, **extra
+        )
+    )
+    await app.open_async()
+    try:
+        await app.schema_manager.apply_schema_async()
+        await app.job_manager.batch_defer_jobs_async(
+            [
+                jobs.Job(queue="bench", lock=None, queueing_lock=None, task_name="noop")
+                for _ in range(n)
+            ]
+        )
+        await app.connector.execute_query_async("ANALYZE")
+        yield app.job_manager
+    finally:
+        await app.close_async()
 
 
 def _threads(url: str, work: Callable[[Connection], int]) -> tuple[int, float]:
@@ -115,38 +165,10 @@ def stats_cycles(admin_url: str, n: int) -> tuple[int, float]:
 def procrastinate_cycles(admin_url: str, n: int, matched: bool) -> tuple[int, float]:
     """Procrastinate fetch -> finish: with its default pool, or (`matched`) with
     autocommit connections and no checkout check, as our workers run."""
-    import procrastinate
-    import psycopg_pool
     from procrastinate import jobs
 
-    def matched_pool(**kwargs: Any) -> psycopg_pool.AsyncConnectionPool:
-        kwargs.pop("check", None)
-        kwargs["kwargs"] = {**(kwargs.get("kwargs") or {}), "autocommit": True}
-        return psycopg_pool.AsyncConnectionPool(**kwargs)
-
-    name = f"inventory_bench_procrastinate_{uuid.uuid4().hex[:8]}"
-    with connect(admin_url) as admin:
-        create_database(admin, name)
-    url = url_with_database(admin_url, name)
-
-    async def run() -> tuple[int, float]:
-        extra: dict[str, Any] = {"pool_factory": matched_pool} if matched else {}
-        app = procrastinate.App(
-            connector=procrastinate.PsycopgConnector(
-                conninfo=url, min_size=WORKERS, max_size=WORKERS, **extra
-            )
-        )
-        await app.open_async()
-        try:
-            await app.schema_manager.apply_schema_async()
-            manager = app.job_manager
-            await manager.batch_defer_jobs_async(
-                [
-                    jobs.Job(queue="bench", lock=None, queueing_lock=None, task_name="noop")
-                    for _ in range(n)
-                ]
-            )
-            await app.connector.execute_query_async("ANALYZE")
+    async def run(url: str) -> tuple[int, float]:
+        async with _procrastinate_queue(url, WORKERS, n, matched) as manager:
 
             async def worker() -> int:
                 worker_id = await manager.register_worker()
@@ -159,14 +181,9 @@ def procrastinate_cycles(admin_url: str, n: int, matched: bool) -> tuple[int, fl
             start = time.perf_counter()
             counts = await asyncio.gather(*(worker() for _ in range(WORKERS)))
             return sum(counts), time.perf_counter() - start
-        finally:
-            await app.close_async()
 
-    try:
-        return asyncio.run(run())
-    finally:
-        with connect(admin_url) as admin:
-            drop_database(admin, name)
+    with _empty_database(admin_url) as url:
+        return asyncio.run(run(url))
 
 
 SIDES: dict[str, Callable[[str, int], tuple[int, float]]] = {
@@ -240,8 +257,6 @@ def per_call(admin_url: str, n: int = 1000) -> dict[str, float]:
     Not part of `run`; it explains the four-worker ratios:
     `python -c "from bench import queues; print(queues.per_call(URL))"`.
     """
-    import procrastinate
-    import psycopg_pool
     from procrastinate import jobs
 
     policy = RefreshPolicy()
@@ -265,53 +280,24 @@ def per_call(admin_url: str, n: int = 1000) -> dict[str, float]:
     result["profile claim"] = statistics.median(claims) * 1000
     result["profile complete"] = statistics.median(completions) * 1000
 
-    def matched_pool(**kwargs: Any) -> psycopg_pool.AsyncConnectionPool:
-        kwargs.pop("check", None)
-        kwargs["kwargs"] = {"autocommit": True}
-        return psycopg_pool.AsyncConnectionPool(**kwargs)
+    async def one_worker(url: str, matched: bool) -> tuple[float, float]:
+        async with _procrastinate_queue(url, 1, n, matched) as manager:
+            worker_id = await manager.register_worker()
+            fetches, finishes = [], []
+            while True:
+                start = time.perf_counter()
+                job = await manager.fetch_job(None, worker_id)
+                fetched = time.perf_counter()
+                if job is None:
+                    break
+                await manager.finish_job(job, jobs.Status.SUCCEEDED, delete_job=False)
+                fetches.append(fetched - start)
+                finishes.append(time.perf_counter() - fetched)
+            return statistics.median(fetches) * 1000, statistics.median(finishes) * 1000
 
-    for label, extra in (("defaults", {}), ("matched", {"pool_factory": matched_pool})):
-        name = f"inventory_bench_procrastinate_{uuid.uuid4().hex[:8]}"
-        with connect(admin_url) as admin:
-            create_database(admin, name)
-
-        async def one_worker(peer_url: str, extra: dict[str, Any]) -> tuple[float, float]:
-            app = procrastinate.App(
-                connector=procrastinate.PsycopgConnector(
-                    conninfo=peer_url, min_size=1, max_size=1, **extra
-                )
-            )
-            await app.open_async()
-            try:
-                await app.schema_manager.apply_schema_async()
-                manager = app.job_manager
-                await manager.batch_defer_jobs_async(
-                    [
-                        jobs.Job(queue="bench", lock=None, queueing_lock=None, task_name="noop")
-                        for _ in range(n)
-                    ]
-                )
-                await app.connector.execute_query_async("ANALYZE")
-                worker_id = await manager.register_worker()
-                fetches, finishes = [], []
-                while True:
-                    start = time.perf_counter()
-                    job = await manager.fetch_job(None, worker_id)
-                    fetched = time.perf_counter()
-                    if job is None:
-                        break
-                    await manager.finish_job(job, jobs.Status.SUCCEEDED, delete_job=False)
-                    fetches.append(fetched - start)
-                    finishes.append(time.perf_counter() - fetched)
-                return statistics.median(fetches) * 1000, statistics.median(finishes) * 1000
-            finally:
-                await app.close_async()
-
-        try:
-            fetch, finish = asyncio.run(one_worker(url_with_database(admin_url, name), extra))
-        finally:
-            with connect(admin_url) as admin:
-                drop_database(admin, name)
+    for label, matched in (("defaults", False), ("matched", True)):
+        with _empty_database(admin_url) as url:
+            fetch, finish = asyncio.run(one_worker(url, matched))
         result[f"Procrastinate {label} fetch"] = fetch
         result[f"Procrastinate {label} finish"] = finish
     return result

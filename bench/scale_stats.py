@@ -279,16 +279,7 @@ def rebuild(admin_url: str, users: int, workers: int = 2) -> Rebuild:
     queue, drained by `workers` threads on a server on this machine."""
     with scratch_database(admin_url) as url:
         with connect(url) as conn:
-            script = stats_bench.REBUILD_USERS.replace("%(users)s", str(int(users)))
-            for statement in script.split(";\n"):
-                if statement.strip():
-                    execute(conn, statement.replace("%%", "%"))
-            execute(
-                conn,
-                "UPDATE stats_projection_worker_settings SET active_lease_cap = %s",
-                (workers,),
-            )
-            processors.request_rebuild(conn, None)
+            stats_bench.request_rebuild_of(conn, users, workers)
             execute(conn, "VACUUM ANALYZE")
         done: list[int] = []
         server_cpu: list[float] = []

@@ -75,19 +75,24 @@ FROM (SELECT id, abs(hashtext(id::text)) AS s_hash FROM training_sessions) t,
 """
 
 
+def request_rebuild_of(conn: Connection, users: int, workers: int) -> None:
+    """Load `users` training logs, allow `workers` leases, and request a rebuild of all."""
+    for statement in REBUILD_USERS.replace("%(users)s", str(int(users))).split(";\n"):
+        if statement.strip():
+            execute(conn, statement.replace("%%", "%"))
+    execute(
+        conn,
+        "UPDATE stats_projection_worker_settings SET active_lease_cap = %s",
+        (workers,),
+    )
+    processors.request_rebuild(conn, None)
+
+
 def rebuild(admin_url: str, users: int, workers: int) -> float:
     """Users per second through request_rebuild -> the worker with `workers` threads."""
     with scratch_database(admin_url) as url:
         with connect(url) as conn:
-            for statement in REBUILD_USERS.replace("%(users)s", str(int(users))).split(";\n"):
-                if statement.strip():
-                    execute(conn, statement.replace("%%", "%"))
-            execute(
-                conn,
-                "UPDATE stats_projection_worker_settings SET active_lease_cap = %s",
-                (workers,),
-            )
-            processors.request_rebuild(conn, None)
+            request_rebuild_of(conn, users, workers)
             execute(conn, "ANALYZE")
         done: list[int] = []
         lock = threading.Lock()
@@ -271,15 +276,16 @@ def incident(admin_url: str, smoke: bool) -> list[Figure]:
             f"stats incident account compute ({label})",
             compute_ms,
             " ms",
-            f"goal <= 2000 ms; {SEED_COMPUTE_MS / compute_ms:.0f}x faster than the seed's"
-            " 43,853 ms",
+            f"goal <= 2000 ms; the seed's production account took 43,853 ms on other"
+            f" hardware and data ({SEED_COMPUTE_MS / compute_ms:.0f}x this figure)",
             None if smoke else compute_ms <= 2000,
         ),
         Figure(
             "stats incident account publish",
             publish_ms,
             " ms",
-            f"goal <= 500 ms; {SEED_PUBLISH_MS / publish_ms:.0f}x faster than the seed's 1,985 ms",
+            f"goal <= 500 ms; the seed's production account took 1,985 ms on other"
+            f" hardware and data ({SEED_PUBLISH_MS / publish_ms:.0f}x this figure)",
             None if smoke else publish_ms <= 500,
         ),
     ]
