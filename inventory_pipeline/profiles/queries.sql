@@ -213,33 +213,14 @@ WHERE r.library_id = ANY (%(library_ids)s)
   AND r.library_id NOT IN (SELECT library_id FROM inserted);
 
 -- name: claim_requests
--- Claim a batch under one lease token. seed 000: new claims pause while a library
--- (or its server) is inactive; its running work can finish.
-WITH next AS (
-    SELECT r.id
-    FROM profile_refresh_requests r
-    JOIN libraries l ON l.id = r.library_id
-    JOIN media_servers m ON m.id = l.server_id
-    WHERE r.status = 'pending'
-      AND l.active
-      AND m.active
-      -- Named requests (an analyst's backfill) are claimed at once, even in backoff.
-      AND CASE WHEN %(request_ids)s::bigint[] IS NULL THEN r.available_at <= now()
-               ELSE r.id = ANY (%(request_ids)s::bigint[]) END
-    ORDER BY r.available_at, r.id
-    LIMIT %(limit)s
-    FOR UPDATE OF r SKIP LOCKED
-)
-UPDATE profile_refresh_requests r
-SET status = 'running',
-    attempts = r.attempts + 1,
-    lease_token = %(lease_token)s,
-    lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
-    started_at = now()
-FROM next
-WHERE r.id = next.id
-RETURNING r.id, r.library_id, r.kind, r.inventory_revision, r.attempts, r.lease_token,
-          r.lease_expires_at;
+-- Claim a batch under one lease token in one server-side call (the function holds the
+-- statement: oldest available first, SKIP LOCKED, one more attempt, the lease). New
+-- claims pause while a library (or its server) is inactive; its running work can
+-- finish. Named requests (an analyst's backfill) are claimed at once, even in
+-- backoff.
+SELECT id, library_id, kind, inventory_revision, attempts, lease_token, lease_expires_at
+FROM claim_profile_requests(%(lease_token)s, %(lease_seconds)s, %(limit)s,
+                            %(request_ids)s::bigint[]);
 
 -- name: count_claimable
 -- How many requests a run could claim now (the claim's own predicate), counted up to

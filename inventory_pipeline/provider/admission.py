@@ -3,7 +3,11 @@ PostgreSQL row (issue 3: default 40 requests/s, acquired before each request, ne
 held during I/O).
 
 `acquire` reserves the next slot in one autocommit statement and sleeps until it; a
-reservation too far ahead is not taken, so a stalled caller cannot hoard slots.
+reservation too far ahead is not taken, so a stalled caller cannot hoard slots. At its
+slot it takes the admission in a second statement that records it and refuses while the
+last window already holds the rate: a caller that slept past its slot (descheduled on a
+loaded machine) waits for room instead of landing on top of the next slots, so no
+sliding window admits more than the rate, across every process.
 
 A throttling answer (429) pauses the row for everyone: while paused, `acquire` refuses
 at once (AdmissionPaused), so callers give their work back instead of queueing it behind
@@ -21,10 +25,14 @@ from inventory_pipeline.provider.retry_after import MAX_RETRY_AFTER_SECONDS
 QUERIES = load_queries("inventory_pipeline.provider", "admission.sql")
 BUCKET = "tmdb"
 DEFAULT_RATE = 40.0
-# Slots are spaced 2 % wider than 1/rate so request arrivals, which jitter by a few
-# milliseconds after their slot, never exceed the rate in any one second.
+# Slots are spaced, and the admission window is, 2 % wider than the rate's: the window of
+# one second admits at most the rate, and a request's arrival at the provider, a few
+# milliseconds after its admission, keeps that margin.
 HEADROOM = 1.02
 HORIZON_SECONDS = 1.0
+# A caller refused by a full window (or a concurrent admission) asks again after at least
+# this long.
+MIN_ADMIT_RETRY_SECONDS = 0.001
 
 # A 429 without a usable Retry-After pauses for 10 s: TMDb counts its limit per second
 # (around 50 requests/s), so ten windows pass; each further throttled pause within
@@ -60,8 +68,8 @@ def set_rate(conn: Connection, requests_per_second: float, bucket: str = BUCKET)
 
 
 def acquire(conn: Connection, bucket: str = BUCKET, timeout_seconds: float = 60.0) -> float:
-    """Wait for an admission slot; returns the seconds waited. Raises AdmissionPaused at
-    once while the bucket is paused, AdmissionTimeout when no slot comes in time."""
+    """Wait for an admission; returns the seconds waited. Raises AdmissionPaused at once
+    while the bucket is paused, AdmissionTimeout when no admission comes in time."""
     started = time.monotonic()
     while True:
         row = fetch_one(
@@ -73,12 +81,26 @@ def acquire(conn: Connection, bucket: str = BUCKET, timeout_seconds: float = 60.
             wait = float(row["wait_seconds"])
             if wait > 0:
                 time.sleep(wait)
-            return time.monotonic() - started
+            return _admit(conn, bucket, started, timeout_seconds)
         if row is not None and row["paused_seconds"] > 0:
             raise AdmissionPaused(float(row["paused_seconds"]))
         if time.monotonic() - started > timeout_seconds:
             raise AdmissionTimeout(f"no {bucket} admission within {timeout_seconds:.0f} s")
         time.sleep(HORIZON_SECONDS / 2)
+
+
+def _admit(conn: Connection, bucket: str, started: float, timeout_seconds: float) -> float:
+    """Take the reserved admission as soon as the window has room for it."""
+    while True:
+        row = fetch_one(conn, QUERIES["admit"], {"bucket": bucket, "headroom": HEADROOM})
+        if row is not None and row["admitted"]:
+            return time.monotonic() - started
+        if row is not None and row["paused_seconds"] > 0:
+            raise AdmissionPaused(float(row["paused_seconds"]))
+        if time.monotonic() - started > timeout_seconds:
+            raise AdmissionTimeout(f"no {bucket} admission within {timeout_seconds:.0f} s")
+        wait = 0.0 if row is None else float(row["wait_seconds"])
+        time.sleep(max(wait, MIN_ADMIT_RETRY_SECONDS))
 
 
 def pause(conn: Connection, retry_after_seconds: int | None = None, bucket: str = BUCKET) -> float:

@@ -2,9 +2,10 @@
 
 -- name: reserve
 -- Reserve the next admission slot if it falls within the horizon and the bucket is not
--- paused; returns how long to wait before sending (NULL: nothing reserved) and how long
--- the bucket stays paused. The statement commits at once: no lock is held while waiting
--- or during the request. `headroom` (> 1) keeps arrivals under the rate despite jitter.
+-- paused; returns how long to wait before taking it (`admit`; NULL: nothing reserved)
+-- and how long the bucket stays paused. The statement commits at once: no lock is held
+-- while waiting or during the request. `headroom` (> 1) spaces the slots a little wider
+-- than the rate.
 WITH reserved AS (
     UPDATE provider_admission a
     SET next_admission_at = GREATEST(a.next_admission_at, clock_timestamp())
@@ -23,6 +24,46 @@ SELECT (SELECT wait_seconds FROM reserved) AS wait_seconds,
          AS paused_seconds
 FROM provider_admission b
 WHERE b.bucket = %(bucket)s;
+
+-- name: admit
+-- Take the reserved admission now, at the moment of sending: only while fewer than the
+-- window's capacity (the rate, at least one) were admitted within the window before
+-- now (one second, or 1/rate below one request a second, widened by `headroom`), and
+-- the bucket is not paused. An admission is recorded as it is taken, under the row's
+-- lock, so this holds across processes and for a caller that slept past its slot.
+-- Returns whether it was admitted, how long until the window has room, and how long the
+-- bucket stays paused.
+WITH bucket AS (
+    SELECT b.bucket,
+           GREATEST(1, floor(b.requests_per_second))::integer AS capacity,
+           make_interval(secs => GREATEST(1, 1 / b.requests_per_second) * %(headroom)s)
+             AS span,
+           b.recent_admissions,
+           b.paused_until
+    FROM provider_admission b
+    WHERE b.bucket = %(bucket)s
+),
+admitted AS (
+    UPDATE provider_admission a
+    SET recent_admissions = (a.recent_admissions || clock_timestamp())[
+            GREATEST(1, cardinality(a.recent_admissions) + 2 - c.capacity):]
+    FROM bucket c
+    WHERE a.bucket = c.bucket
+      AND (a.paused_until IS NULL OR a.paused_until <= clock_timestamp())
+      AND (cardinality(a.recent_admissions) < c.capacity
+           OR a.recent_admissions[cardinality(a.recent_admissions) + 1 - c.capacity]
+              <= clock_timestamp() - c.span)
+    RETURNING a.bucket
+)
+SELECT EXISTS (SELECT 1 FROM admitted) AS admitted,
+       CASE WHEN cardinality(c.recent_admissions) < c.capacity THEN 0
+            ELSE GREATEST(0, EXTRACT(epoch FROM
+                     c.recent_admissions[cardinality(c.recent_admissions) + 1 - c.capacity]
+                     + c.span - clock_timestamp()))
+       END::double precision AS wait_seconds,
+       GREATEST(0, EXTRACT(epoch FROM c.paused_until - clock_timestamp()))::double precision
+         AS paused_seconds
+FROM bucket c;
 
 -- name: set_rate
 UPDATE provider_admission SET requests_per_second = %(requests_per_second)s
