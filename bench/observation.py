@@ -4,17 +4,26 @@ rate: the sustained rate as a share of the limit, and the busiest one-second win
 
 "Never above the rate" is judged on a sliding window: the most arrivals within any one
 second starting at an arrival, not per calendar second (which can split a burst in two).
+
+The claim's cost as due items grow (`claim_cost`, scale S5): the real claim statement
+(a batch of 32, as one observer run claims) against 10k, 100k and 1M due items, per
+claimed item, with each batch then completed (its due time moved past the run, its lease
+cleared) as an observation would; and the statement's EXPLAIN (ANALYZE, BUFFERS) at each
+size, rolled back.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
+
 from bench.common import Figure, Mode, over_runs, plot, scratch_database, timed
-from inventory_pipeline.db import connect, execute
+from inventory_pipeline.db import connect, execute, fetch_all
 from inventory_pipeline.db.connection import execute_script
 from inventory_pipeline.provider import admission
 from inventory_pipeline.provider.standin import StandIn
 from inventory_pipeline.provider.tmdb import TmdbClient
-from inventory_pipeline.recovery import service
+from inventory_pipeline.recovery import repository, service
 from inventory_pipeline.recovery.models import ProviderSettings
 from inventory_pipeline.recovery.policy import RetryPolicy
 
@@ -27,6 +36,28 @@ INSERT INTO media_server_items (library_id, title, provider, provider_kind, prov
 SELECT 1, 'Title ' || g, 'tmdb', 'movie', g::text FROM generate_series(1, %(items)s) g
 """
 KEY = "bench-key"
+S5_SIZES = (10_000, 100_000, 1_000_000)
+CLAIM_BATCH = 32  # what one observer run claims at a time (8 workers x 4)
+CLAIM_LIBRARIES = """
+INSERT INTO media_servers (id, name, kind) VALUES (1, 'bench', 'plex');
+INSERT INTO libraries (id, server_id, name, media_kind)
+SELECT g, 1, 'movies ' || g, 'movie' FROM generate_series(1, 10) g;
+"""
+# Items spread over ten libraries, every one due now (never observed).
+CLAIM_FILL = """
+INSERT INTO media_server_items (library_id, title, provider, provider_kind, provider_id)
+SELECT 1 + g %% 10, 'Title ' || g, 'tmdb', 'movie', g::text
+FROM generate_series(%(first)s::bigint, %(last)s::bigint) g
+"""
+# What a completed observation does to the claim's index: the next due time moves past
+# the run and the lease is cleared.
+CLAIM_DONE = """
+UPDATE media_server_items
+SET observation_due_at = now() + interval '30 days',
+    observation_lease_token = NULL,
+    observation_lease_expires_at = NULL
+WHERE id = ANY (%(ids)s)
+"""
 
 
 def observe(admin_url: str, items: int, rate: float) -> tuple[list[float], float]:
@@ -87,7 +118,7 @@ def run(admin_url: str, mode: Mode) -> list[Figure]:
             "limit": [(0, rate), (arrivals[-1] - arrivals[0], rate)],
         },
     )
-    return [
+    figures = [
         over_runs(
             f"observation sustained rate vs limiter ({items} items, limit {rate:.0f}/s)",
             sustained,
@@ -104,3 +135,77 @@ def run(admin_url: str, mode: Mode) -> list[Figure]:
             top <= rate,
         ),
     ]
+    sizes = mode.pick(smoke=(1_000, 5_000), default=(10_000, 100_000), scale=S5_SIZES)
+    per_item, plans = claim_cost(admin_url, sizes, mode.pick(smoke=5, default=30))
+    for size in sizes:
+        print(f"-- claim_due at {size:,} due items: EXPLAIN (ANALYZE, BUFFERS)", flush=True)
+        print(plans[size], flush=True)
+        figures.append(
+            over_runs(
+                f"observation claim per claimed item ({size:,} due items, batch {CLAIM_BATCH})",
+                per_item[size],
+                " ms",
+                "S5: flat as due items grow",
+            )
+        )
+    smallest, largest = sizes[0], sizes[-1]
+    figures.append(
+        Figure(
+            f"observation claim per item, {largest:,} vs {smallest:,} due items",
+            statistics.median(per_item[largest]) / statistics.median(per_item[smallest]),
+            "x",
+            "S5 goal: flat (<= 1.5x, medians)",
+            None
+            if mode.smoke
+            else statistics.median(per_item[largest])
+            <= 1.5 * statistics.median(per_item[smallest]),
+        )
+    )
+    plot(
+        mode.plots / "observation-claim-cost.png",
+        f"Observation claim cost per claimed item (batch of {CLAIM_BATCH})",
+        "due items",
+        "ms per claimed item (median)",
+        {"claim_due": [(float(n), statistics.median(per_item[n])) for n in sizes]},
+        log_x=True,
+    )
+    return figures
+
+
+def claim_cost(
+    admin_url: str, sizes: tuple[int, ...], claims: int, analyze_all: bool = False
+) -> tuple[dict[int, list[float]], dict[int, str]]:
+    """Milliseconds per claimed item of `claims` batches at each size of due items (the
+    table grows from one size to the next), and each size's EXPLAIN (ANALYZE, BUFFERS).
+
+    Only the items are analyzed, as autovacuum leaves a small installation: ten
+    libraries and one server are fewer changes than its threshold (50 rows), so those
+    tables keep the planner's default estimates. `analyze_all` analyzes every table."""
+    per_item: dict[int, list[float]] = {}
+    plans: dict[int, str] = {}
+    with scratch_database(admin_url) as url, connect(url) as conn:
+        execute_script(conn, CLAIM_LIBRARIES)
+        loaded = 0
+        for size in sizes:
+            for first in range(loaded + 1, size + 1, 100_000):
+                execute(conn, CLAIM_FILL, {"first": first, "last": min(first + 99_999, size)})
+            loaded = size
+            execute(conn, "VACUUM ANALYZE" if analyze_all else "VACUUM ANALYZE media_server_items")
+            times = []
+            for _ in range(claims):
+                start = time.perf_counter()
+                batch = [c.item_id for c in service.claim(conn, CLAIM_BATCH)]
+                seconds = time.perf_counter() - start
+                if len(batch) != CLAIM_BATCH:
+                    raise RuntimeError(f"claimed {len(batch)} of {CLAIM_BATCH} at {size} items")
+                times.append(seconds * 1000 / CLAIM_BATCH)
+                execute(conn, CLAIM_DONE, {"ids": batch})
+            per_item[size] = times
+            with conn.transaction(force_rollback=True):
+                rows = fetch_all(
+                    conn,
+                    "EXPLAIN (ANALYZE, BUFFERS) " + repository.QUERIES["claim_due"],
+                    {"limit": CLAIM_BATCH, "lease_seconds": 300},
+                )
+            plans[size] = "\n".join(r["QUERY PLAN"] for r in rows)
+    return per_item, plans

@@ -26,20 +26,28 @@ WHERE i.provider = 'tmdb'
 -- and a five-minute lease; SKIP LOCKED so concurrent observers never double-claim.
 -- Each item's library is locked first (key share, the lock order of every statement
 -- that reaches a library's rows): the items of a library being deleted are skipped.
+-- The walk is driven by the due index in its order and stops after `limit` items: the
+-- library test is a lateral step per item (its own locking clause keeps it from being
+-- joined first), so no estimate of the small libraries table (which autovacuum may
+-- never analyze) can turn the claim into reading and sorting every due item.
 -- Returns the source snapshot the completion is bound to.
 WITH due AS (
     SELECT i.id
     FROM media_server_items i
-    JOIN libraries l ON l.id = i.library_id
-    JOIN media_servers m ON m.id = l.server_id
+    CROSS JOIN LATERAL (
+        SELECT l.id
+        FROM libraries l
+        JOIN media_servers m ON m.id = l.server_id
+        WHERE l.id = i.library_id
+          AND l.active AND m.active AND l.media_kind IN ('movie', 'tv')
+        FOR KEY SHARE OF l SKIP LOCKED
+    ) AS library
     WHERE i.provider = 'tmdb'
       AND i.provider_kind IN ('movie', 'tv')
       AND i.observation_due_at <= now()
       AND (i.observation_lease_token IS NULL OR i.observation_lease_expires_at <= now())
-      AND l.active AND m.active AND l.media_kind IN ('movie', 'tv')
     ORDER BY i.observation_due_at, i.id
     LIMIT %(limit)s
-    FOR KEY SHARE OF l SKIP LOCKED
     FOR UPDATE OF i SKIP LOCKED
 )
 UPDATE media_server_items i

@@ -16,7 +16,7 @@ from inventory_pipeline.profiles.models import RefreshPolicy
 from inventory_pipeline.provider.models import Failure
 from inventory_pipeline.provider.standin import StandIn
 from inventory_pipeline.provider.tmdb import TmdbClient
-from inventory_pipeline.recovery import service
+from inventory_pipeline.recovery import repository, service
 from inventory_pipeline.recovery.models import ItemClaim
 from inventory_pipeline.recovery.policy import RetryPolicy
 from tests import factories as f
@@ -258,3 +258,34 @@ def test_observations_go_with_their_items(
     assert len(fetch_all(conn, "SELECT item_id FROM provider_observations")) == 1
     execute(conn, "TRUNCATE media_server_items")  # other programs may; no CASCADE needed
     assert fetch_all(conn, "SELECT item_id FROM provider_observations") == []
+
+
+def test_claim_walks_the_due_index_whatever_the_library_estimates(conn: Connection) -> None:
+    """The claim reads the due index in its order and stops after its batch, even when
+    the small libraries and servers tables were never analyzed (autovacuum leaves
+    tables with fewer than 50 changes alone) and few of many items are due: it never
+    reads every due item of every library and sorts them."""
+    server = f.server(conn)
+    libraries = [f.library(conn, server, name=str(n)) for n in range(10)]
+    execute(
+        conn,
+        "INSERT INTO media_server_items (library_id, title, provider, provider_kind,"
+        " provider_id, observation_due_at)"
+        " SELECT (%(libraries)s::bigint[])[1 + g %% 10], 'Title ' || g, 'tmdb', 'movie',"
+        "  g::text, CASE WHEN g %% 50 = 0 THEN now() - interval '1 hour'"
+        "                ELSE now() + interval '30 days' END"
+        " FROM generate_series(1, 30000) g",
+        {"libraries": libraries},
+    )
+    execute(conn, "ANALYZE media_server_items")
+    with conn.transaction(force_rollback=True):
+        plan = "\n".join(
+            r["QUERY PLAN"]
+            for r in fetch_all(
+                conn,
+                "EXPLAIN " + repository.QUERIES["claim_due"],
+                {"limit": 32, "lease_seconds": 300},
+            )
+        )
+    assert "Index Scan using media_server_items_observation_due" in plan, plan
+    assert "Sort" not in plan, plan
