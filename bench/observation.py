@@ -43,10 +43,13 @@ INSERT INTO media_servers (id, name, kind) VALUES (1, 'bench', 'plex');
 INSERT INTO libraries (id, server_id, name, media_kind)
 SELECT g, 1, 'movies ' || g, 'movie' FROM generate_series(1, 10) g;
 """
-# Items spread over ten libraries, every one due now (never observed).
+# Items spread over ten libraries; every `every`-th one is due now, the others were
+# observed and are due again in 30 days.
 CLAIM_FILL = """
-INSERT INTO media_server_items (library_id, title, provider, provider_kind, provider_id)
-SELECT 1 + g %% 10, 'Title ' || g, 'tmdb', 'movie', g::text
+INSERT INTO media_server_items (library_id, title, provider, provider_kind, provider_id,
+                                observation_due_at)
+SELECT 1 + g %% 10, 'Title ' || g, 'tmdb', 'movie', g::text,
+       CASE WHEN g %% %(every)s = 0 THEN now() ELSE now() + interval '30 days' END
 FROM generate_series(%(first)s::bigint, %(last)s::bigint) g
 """
 # What a completed observation does to the claim's index: the next due time moves past
@@ -148,6 +151,18 @@ def run(admin_url: str, mode: Mode) -> list[Figure]:
                 "S5: flat as due items grow",
             )
         )
+    total = mode.pick(smoke=5_000, default=100_000, scale=1_000_000)
+    few, few_plans = claim_cost(admin_url, (total,), mode.pick(smoke=1, default=30), every=100)
+    print(f"-- claim_due at {total:,} items, 1 in 100 due: EXPLAIN (ANALYZE, BUFFERS)")
+    print(few_plans[total], flush=True)
+    figures.append(
+        over_runs(
+            f"observation claim per claimed item ({total:,} items, {total // 100:,} due)",
+            few[total],
+            " ms",
+            "S5: the steady state, most items observed",
+        )
+    )
     smallest, largest = sizes[0], sizes[-1]
     figures.append(
         Figure(
@@ -173,14 +188,20 @@ def run(admin_url: str, mode: Mode) -> list[Figure]:
 
 
 def claim_cost(
-    admin_url: str, sizes: tuple[int, ...], claims: int, analyze_all: bool = False
+    admin_url: str,
+    sizes: tuple[int, ...],
+    claims: int,
+    analyze_all: bool = False,
+    every: int = 1,
 ) -> tuple[dict[int, list[float]], dict[int, str]]:
     """Milliseconds per claimed item of `claims` batches at each size of due items (the
     table grows from one size to the next), and each size's EXPLAIN (ANALYZE, BUFFERS).
 
     Only the items are analyzed, as autovacuum leaves a small installation: ten
     libraries and one server are fewer changes than its threshold (50 rows), so those
-    tables keep the planner's default estimates. `analyze_all` analyzes every table."""
+    tables keep the planner's default estimates. `analyze_all` analyzes every table.
+    With `every` > 1 only every `every`-th item is due (the steady state: most items
+    observed and due again later)."""
     per_item: dict[int, list[float]] = {}
     plans: dict[int, str] = {}
     with scratch_database(admin_url) as url, connect(url) as conn:
@@ -188,7 +209,11 @@ def claim_cost(
         loaded = 0
         for size in sizes:
             for first in range(loaded + 1, size + 1, 100_000):
-                execute(conn, CLAIM_FILL, {"first": first, "last": min(first + 99_999, size)})
+                execute(
+                    conn,
+                    CLAIM_FILL,
+                    {"first": first, "last": min(first + 99_999, size), "every": every},
+                )
             loaded = size
             execute(conn, "VACUUM ANALYZE" if analyze_all else "VACUUM ANALYZE media_server_items")
             times = []
