@@ -6,7 +6,7 @@ DataFrame, every trait). One library of N varied items (ratings with gaps, zero 
 genres with repeats and blanks, studios and languages with gaps, a few untyped items);
 goal <= 3x at 100k items and, under `--scale` (S3), at 1M items, where the run's peak
 RSS must stay <= 2 GiB: a generation and a bare read each run alone in a fresh process
-whose own peak RSS (`getrusage`) is reported, next to the same process's RSS before the
+whose own peak RSS (VmHWM) is reported, next to the same process's RSS before the
 read (interpreter, pandas, a connection).
 """
 
@@ -55,17 +55,31 @@ def load(conn: Connection, loaded: int, size: int) -> None:
         execute(conn, FILL, {"first": first, "last": min(first + SLICE - 1, size)})
 
 
+def _high_water() -> int:
+    """This process's peak RSS in bytes. /proc's VmHWM belongs to the process's own
+    address space, so it starts afresh in a spawned child; `getrusage`'s ru_maxrss
+    (the fallback off Linux) keeps the parent's RSS at the fork."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def _peak_rss(url: str, what: str, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
     """In a fresh process: RSS before and peak RSS after one bare read or generation."""
     with connect(url) as conn:
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        before = _high_water()
         if what == "bare":
             columns, rows = repository.read_observation(conn, 1)
             frame_from_rows(columns, tuple(rows))
         else:
             observation = service.observe(conn, 1)
             generate_profile(frame_from_rows(observation.columns, observation.rows))
-        queue.put((before * 1024, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+        queue.put((before, _high_water()))
 
 
 def peak_rss(url: str, what: str) -> tuple[int, int]:
