@@ -25,10 +25,12 @@ from inventory_pipeline.provider.retry_after import MAX_RETRY_AFTER_SECONDS
 QUERIES = load_queries("inventory_pipeline.provider", "admission.sql")
 BUCKET = "tmdb"
 DEFAULT_RATE = 40.0
-# Slots are spaced, and the admission window is, 2 % wider than the rate's: the window of
-# one second admits at most the rate, and a request's arrival at the provider, a few
-# milliseconds after its admission, keeps that margin.
+# Slots are spaced 2 % wider than 1/rate. The admission window is 5 % longer than one
+# second: it admits at most the rate, so a request's arrival at the provider may trail
+# its admission by up to 50 ms (a thread descheduled on a loaded machine) and no sliding
+# second of arrivals still holds more than the rate.
 HEADROOM = 1.02
+WINDOW_HEADROOM = 1.05
 HORIZON_SECONDS = 1.0
 # A caller refused by a full window (or a concurrent admission) asks again after at least
 # this long.
@@ -92,7 +94,7 @@ def acquire(conn: Connection, bucket: str = BUCKET, timeout_seconds: float = 60.
 def _admit(conn: Connection, bucket: str, started: float, timeout_seconds: float) -> float:
     """Take the reserved admission as soon as the window has room for it."""
     while True:
-        row = fetch_one(conn, QUERIES["admit"], {"bucket": bucket, "headroom": HEADROOM})
+        row = fetch_one(conn, QUERIES["admit"], {"bucket": bucket, "headroom": WINDOW_HEADROOM})
         if row is not None and row["admitted"]:
             return time.monotonic() - started
         if row is not None and row["paused_seconds"] > 0:

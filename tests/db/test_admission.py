@@ -65,7 +65,7 @@ LATE_WORKER = textwrap.dedent(
     url, base, key, count, late = sys.argv[1:4] + [int(sys.argv[4]), sys.argv[5] == "late"]
     # A wide margin, so what is measured is the limiter's rule and not this machine's
     # jitter between an admission and its request's arrival.
-    admission.HEADROOM = 1.2
+    admission.HEADROOM = admission.WINDOW_HEADROOM = 1.2
     real_sleep = time.sleep
     sleeps = [0]
 
