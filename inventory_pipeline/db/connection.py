@@ -171,6 +171,24 @@ def fetch_one(conn: Connection, query: str, params: Params = None) -> Row | None
         return conn.execute(query, params).fetchone()
 
 
+def fetch_one_armed(
+    conn: Connection, arm: str, arm_params: Params, query: str, params: Params = None
+) -> Row | None:
+    """`arm`, then `query`'s first row, as one transaction in one round trip. Outside
+    a transaction the two are pipelined and the server runs them as one implicit
+    transaction, so what `arm` sets for the transaction (a statement budget is armed
+    when a statement starts) bounds `query`; inside the caller's transaction they run
+    in a savepoint."""
+    with translate_errors():
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            with conn.pipeline():
+                conn.execute(arm, arm_params)
+                return conn.execute(query, params).fetchone()
+        with conn.transaction():
+            conn.execute(arm, arm_params)
+            return conn.execute(query, params).fetchone()
+
+
 def fetch_tuples(
     conn: Connection, query: str, params: Params = None
 ) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:

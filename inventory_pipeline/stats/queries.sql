@@ -11,6 +11,31 @@ SELECT stats_projection_statement_budget(%(stage)s) AS budget_ms,
        active_lease_cap, max_attempts, retry_backoff_seconds, paused
 FROM stats_projection_worker_settings WHERE id = 1;
 
+-- name: arm_stage_call
+-- Sent in the same round trip as a stage's server-side call, before it: the stage's
+-- statement budget (armed when the call starts) and the lease token it acts under.
+SELECT stats_projection_statement_budget(%(stage)s) AS budget_ms,
+       set_config('inventory.stats_lease_token', %(lease_token)s, true) AS lease_token;
+
+-- name: claim_stage
+-- The claim stage as one call (migration 0015): no row when nothing was claimed.
+SELECT claim_run_id, claim_job_id, claim_user_id, claim_lease_token, claim_target_version,
+       claim_base_applied_version, claim_from_date, claim_exercise_ids
+FROM stats_claim_stage(%(lock_owner)s, %(user_id)s::uuid, %(wait)s);
+
+-- name: compute_stage
+-- The compute stage as one call for an account that needs no batches ('client': a run
+-- in batches, which the caller computes step by step).
+SELECT compute_status, compute_stage, compute_next_offset, compute_total, compute_reason,
+       compute_retry_not_before
+FROM stats_compute_stage(%(run_id)s, %(lease_token)s, %(batch_size)s);
+
+-- name: publish_stage
+-- The publish stage as one call (23503: a referenced row went away; the caller's own
+-- path rejects into the successor).
+SELECT publish_status, publish_applied_version, publish_reason
+FROM stats_publish_stage(%(run_id)s, %(lease_token)s);
+
 -- name: lock_lease_slots
 -- Claims that may start a lease take turns (until their commit), so the count that
 -- follows, in a fresh snapshot, sees every committed lease: the cap holds atomically.
