@@ -516,8 +516,211 @@ BEGIN
 END
 $$;
 
+-- The PR overview rollover of the next due user after (p_after_due, p_after_user) in
+-- due order, in the caller's one transaction: the user's rollover row locked (users
+-- another rollover holds are skipped), its state row locked without waiting (busy: a
+-- failed attempt with p_busy_error), a user whose newer generation is pending deferred,
+-- else the applied generation's window moved in place and the next rollover scheduled;
+-- an error there rolls back the move only and is recorded as a failed attempt. Lock
+-- waits are bounded by a 1 s lock timeout; the transaction commits asynchronously (a
+-- window is derived data: a roll a crash loses is due again). No row: nobody is due.
+CREATE FUNCTION stats_roll_one(p_after_due timestamptz, p_after_user uuid, p_busy_error text)
+RETURNS TABLE (roll_due_at timestamptz, roll_user_id uuid, roll_outcome text)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_user uuid;
+    v_due timestamptz;
+    v_requested bigint;
+    v_generation bigint;
+    v_error text;
+    v_built bigint;
+BEGIN
+    PERFORM set_config('lock_timeout', '1s', true);
+    PERFORM set_config('synchronous_commit', 'off', true);
+    SELECT r.user_id, r.due_at INTO v_user, v_due
+    FROM user_pr_overview_rollover_state r
+    WHERE r.due_at <= now()
+      AND (r.due_at, r.user_id) > (coalesce(p_after_due, '-infinity'),
+                                   coalesce(p_after_user,
+                                            '00000000-0000-0000-0000-000000000000'))
+    ORDER BY r.due_at, r.user_id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT s.requested_version, s.applied_version INTO v_requested, v_generation
+    FROM user_stats_refresh_state s
+    WHERE s.user_id = v_user
+    FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        v_error := p_busy_error;
+        UPDATE user_pr_overview_rollover_state
+        SET attempt_count = attempt_count + 1,
+            last_error = v_error,
+            next_retry_at = now()
+                + make_interval(mins => least(60, power(2, attempt_count)::integer)),
+            due_at = now() + make_interval(mins => least(60, power(2, attempt_count)::integer)),
+            updated_at = now()
+        WHERE user_id = v_user;
+        RETURN QUERY SELECT v_due, v_user, 'failed';
+        RETURN;
+    END IF;
+    IF v_requested <> v_generation THEN
+        UPDATE user_pr_overview_rollover_state
+        SET due_at = now() + interval '5 minutes', next_retry_at = now() + interval '5 minutes',
+            updated_at = now()
+        WHERE user_id = v_user;
+        RETURN QUERY SELECT v_due, v_user, 'deferred';
+        RETURN;
+    END IF;
+    BEGIN
+        WITH days AS (
+            SELECT (stats_clock_date() + d)::date AS as_of FROM generate_series(-1, 1) AS d
+        ),
+        missing AS (
+            SELECT days.as_of FROM days
+            WHERE NOT EXISTS (
+                SELECT 1 FROM user_pr_overview_snapshot_headers h
+                WHERE h.user_id = v_user AND h.generation = v_generation
+                  AND h.as_of_date = days.as_of)
+        ),
+        bounds AS (
+            SELECT min(as_of) AS first_day, max(as_of) AS last_day,
+                   (SELECT max(h.as_of_date) FROM user_pr_overview_snapshot_headers h
+                    WHERE h.user_id = v_user AND h.generation = v_generation
+                      AND h.as_of_date < min(missing.as_of)) AS base_day
+            FROM missing
+            HAVING count(*) > 0
+        ),
+        base_rows AS (
+            SELECT s.exercise_id, s.best_e1rm_all_time, s.heaviest_kg
+            FROM bounds b
+            JOIN user_pr_exercise_summary_snapshots s
+              ON s.user_id = v_user AND s.generation = v_generation
+             AND s.as_of_date = b.base_day
+        ),
+        ranges AS (
+            -- After the base (or all history without one) and the 30 days before the first
+            -- missing date, through the last; and the same 30-day windows a year earlier.
+            SELECT CASE WHEN b.base_day IS NULL THEN '-infinity'::date
+                        ELSE least(b.base_day, b.first_day - 30) END AS after_day,
+                   b.last_day AS through_day
+            FROM bounds b
+            UNION ALL
+            SELECT (b.first_day - interval '1 year')::date - 31,
+                   (b.last_day - interval '1 year')::date
+            FROM bounds b
+        ),
+        facts AS (
+            SELECT ts.exercise_id, s.session_date AS day, ts.weight_kg,
+                   estimated_one_rep_max(ts.weight_kg, ts.reps) AS e1rm
+            FROM ranges r
+            JOIN training_sessions s
+              ON s.user_id = v_user AND s.session_date > r.after_day
+             AND s.session_date <= r.through_day
+            JOIN training_sets ts ON ts.session_id = s.id
+            WHERE NOT ts.warmup
+            UNION ALL
+            SELECT m.exercise_id, m.recorded_on, m.weight_kg,
+                   estimated_one_rep_max(m.weight_kg, m.reps)
+            FROM ranges r
+            JOIN user_manual_pr_records m
+              ON m.user_id = v_user AND m.recorded_on > r.after_day
+             AND m.recorded_on <= r.through_day
+        ),
+        fresh AS (
+            -- Per missing date and exercise (a fact read twice changes no maximum).
+            SELECT m.as_of, f.exercise_id,
+                   max(f.e1rm) FILTER (WHERE b.base_day IS NULL OR f.day > b.base_day)
+                       AS e1rm_since,
+                   max(f.weight_kg) FILTER (WHERE b.base_day IS NULL OR f.day > b.base_day)
+                       AS heaviest_since,
+                   bool_or(b.base_day IS NULL OR f.day > b.base_day) AS seen_since,
+                   max(f.e1rm) FILTER (WHERE f.day > m.as_of - 30) AS best_30d,
+                   max(f.e1rm) FILTER (
+                       WHERE f.day > (m.as_of - interval '1 year')::date - 30
+                         AND f.day <= (m.as_of - interval '1 year')::date) AS best_prior_year
+            FROM missing m
+            CROSS JOIN bounds b
+            JOIN facts f ON f.day <= m.as_of
+            GROUP BY m.as_of, f.exercise_id
+        ),
+        keys AS (
+            SELECT m.as_of, r.exercise_id FROM missing m CROSS JOIN base_rows r
+            UNION
+            SELECT as_of, exercise_id FROM fresh WHERE seen_since
+        ),
+        summary AS (
+            SELECT k.as_of, k.exercise_id,
+                   greatest(r.best_e1rm_all_time, n.e1rm_since) AS best_e1rm_all_time,
+                   n.best_30d, n.best_prior_year,
+                   greatest(r.heaviest_kg, n.heaviest_since) AS heaviest_kg
+            FROM keys k
+            LEFT JOIN base_rows r ON r.exercise_id = k.exercise_id
+            LEFT JOIN fresh n ON n.as_of = k.as_of AND n.exercise_id = k.exercise_id
+        ),
+        headers AS (
+            INSERT INTO user_pr_overview_snapshot_headers
+                (user_id, generation, as_of_date, catalog_epoch, exercise_count)
+            SELECT v_user, v_generation, m.as_of,
+                   (SELECT catalog_epoch FROM pr_overview_projection_control WHERE id = 1),
+                   (SELECT count(*) FROM summary s WHERE s.as_of = m.as_of)
+            FROM missing m
+            RETURNING as_of_date
+        ),
+        summaries AS (
+            INSERT INTO user_pr_exercise_summary_snapshots
+                (user_id, generation, as_of_date, exercise_id, best_e1rm_all_time, best_e1rm_30d,
+                 best_e1rm_30d_prior_year, heaviest_kg)
+            SELECT v_user, v_generation, s.as_of, s.exercise_id, s.best_e1rm_all_time,
+                   s.best_30d, s.best_prior_year, s.heaviest_kg
+            FROM summary s
+        ),
+        behind AS (
+            DELETE FROM user_pr_overview_snapshot_headers h
+            WHERE h.user_id = v_user AND h.generation = v_generation
+              AND h.as_of_date < stats_clock_date() - 1
+        )
+        SELECT count(*) INTO v_built FROM headers;
+        INSERT INTO user_pr_overview_rollover_state AS r
+            (user_id, due_at, snapshot_generation, applied_catalog_epoch, window_end,
+             last_success_at)
+        SELECT v_user, (stats_clock_date() + 1)::timestamptz, v_generation,
+               (SELECT catalog_epoch FROM pr_overview_projection_control WHERE id = 1),
+               stats_clock_date() + 1, now()
+        ON CONFLICT (user_id) DO UPDATE
+        SET due_at = EXCLUDED.due_at,
+            snapshot_generation = EXCLUDED.snapshot_generation,
+            applied_catalog_epoch = EXCLUDED.applied_catalog_epoch,
+            window_end = EXCLUDED.window_end,
+            attempt_count = 0,
+            next_retry_at = NULL,
+            last_error = NULL,
+            last_success_at = now(),
+            updated_at = now();
+    EXCEPTION WHEN query_canceled OR others THEN
+        v_error := left(split_part(SQLERRM, E'\n', 1), 200);
+        UPDATE user_pr_overview_rollover_state
+        SET attempt_count = attempt_count + 1,
+            last_error = v_error,
+            next_retry_at = now()
+                + make_interval(mins => least(60, power(2, attempt_count)::integer)),
+            due_at = now() + make_interval(mins => least(60, power(2, attempt_count)::integer)),
+            updated_at = now()
+        WHERE user_id = v_user;
+        RETURN QUERY SELECT v_due, v_user, 'failed';
+        RETURN;
+    END;
+    RETURN QUERY SELECT v_due, v_user, 'rolled';
+END
+$$;
+
 REVOKE ALL ON FUNCTION
     stats_claim_stage(text, uuid, boolean),
     stats_compute_stage(bigint, uuid, integer),
-    stats_publish_stage(bigint, uuid)
+    stats_publish_stage(bigint, uuid),
+    stats_roll_one(timestamptz, uuid, text)
 FROM PUBLIC;
