@@ -172,16 +172,25 @@ def fetch_one(conn: Connection, query: str, params: Params = None) -> Row | None
 
 
 def fetch_one_armed(
-    conn: Connection, arm: str, arm_params: Params, query: str, params: Params = None
+    conn: Connection,
+    arm: str,
+    arm_params: Params,
+    query: str,
+    params: Params = None,
+    *,
+    async_commit: bool = False,
 ) -> Row | None:
     """`arm`, then `query`'s first row, as one transaction in one round trip. Outside
     a transaction the two are pipelined and the server runs them as one implicit
     transaction, so what `arm` sets for the transaction (a statement budget is armed
-    when a statement starts) bounds `query`; inside the caller's transaction they run
-    in a savepoint."""
+    when a statement starts) bounds `query`; with `async_commit` that transaction of
+    its own commits without waiting for its WAL flush. Inside the caller's transaction
+    they run in a savepoint and the caller's commit is left as it is."""
     with translate_errors():
         if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             with conn.pipeline():
+                if async_commit:
+                    conn.execute("SELECT set_config('synchronous_commit', 'off', true)")
                 conn.execute(arm, arm_params)
                 return conn.execute(query, params).fetchone()
         with conn.transaction():

@@ -83,10 +83,20 @@ def _stage_call(
     conn: Connection, stage: str, lease_token: UUID | None, name: str, params: dict[str, Any]
 ) -> Row | None:
     """The stage's function under its statement budget and lease token, in one round
-    trip and one transaction."""
+    trip and one transaction. Claim and compute, in a transaction of their own, commit
+    without waiting for the WAL flush: a crash can lose only whole stages (a claim or a
+    private output, never a publication), which the queue then does again, as after a
+    lost lease. Publication always waits for its flush."""
     token = "" if lease_token is None else str(lease_token)
     arm = {"stage": stage, "lease_token": token}
-    return fetch_one_armed(conn, QUERIES["arm_stage_call"], arm, QUERIES[name], params)
+    return fetch_one_armed(
+        conn,
+        QUERIES["arm_stage_call"],
+        arm,
+        QUERIES[name],
+        params,
+        async_commit=stage != "publish",
+    )
 
 
 def claim_stage(
