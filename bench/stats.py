@@ -220,7 +220,7 @@ REPETITIONS = 5
 def rollover(admin_url: str, smoke: bool) -> list[Figure]:
     """The rollover against the former daily work, repeated: median and spread of the
     rollover's seconds and of the ratio paired within each repetition."""
-    users, sessions = (50, 30) if smoke else (2_000, 150)
+    users, sessions = (50, 30) if smoke else (1_000, 150)
     reps = 1 if smoke else REPETITIONS
     news: list[float] = []
     ratios: list[float] = []
