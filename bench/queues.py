@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from bench.common import Figure, Mode, over_runs, scratch_database
-from inventory_pipeline.db import Connection, connect, execute
+from inventory_pipeline.db import Connection, connect, execute, fetch_all
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
 from inventory_pipeline.profiles import repository as profiles_repo
 from inventory_pipeline.profiles import service as profiles
@@ -300,4 +300,49 @@ def per_call(admin_url: str, n: int = 1000) -> dict[str, float]:
             fetch, finish = asyncio.run(one_worker(url, matched))
         result[f"Procrastinate {label} fetch"] = fetch
         result[f"Procrastinate {label} finish"] = finish
+    return result
+
+
+def stats_per_stage(admin_url: str, n: int = 500) -> dict[str, float]:
+    """Median milliseconds per stage for one stats worker alone (no-op accounts), and
+    the server's own time in each stage's function (`track_functions`), which the rest
+    of a stage's time (commit, round trip, client) comes on top of.
+
+    Not part of `run`; it explains the four-worker ratios:
+    `python -c "from bench import queues; print(queues.stats_per_stage(URL))"`.
+    """
+    result: dict[str, float] = {}
+    with scratch_database(admin_url) as url:
+        with connect(url) as conn:
+            execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 4")
+            for _ in range(n):
+                execute(
+                    conn, "SELECT request_stats_refresh(%s, NULL, '{}', 'bench')", (uuid.uuid4(),)
+                )
+            execute(conn, "ANALYZE")
+            execute(conn, "SET track_functions = 'pl'")
+            times: dict[str, list[float]] = {"claim": [], "compute": [], "publish": []}
+            while True:
+                start = time.perf_counter()
+                claimed = stats.claim(conn, "bench")
+                if claimed is None:
+                    break
+                computing = time.perf_counter()
+                stats.compute(conn, claimed)
+                publishing = time.perf_counter()
+                stats.publish(conn, claimed)
+                times["claim"].append(computing - start)
+                times["compute"].append(publishing - computing)
+                times["publish"].append(time.perf_counter() - publishing)
+            execute(conn, "SELECT pg_stat_force_next_flush()")
+        for stage, values in times.items():
+            result[f"stats {stage}"] = statistics.median(values) * 1000
+        time.sleep(1.0)  # the flushed function statistics become visible
+        with connect(url) as conn:
+            for row in fetch_all(
+                conn,
+                "SELECT funcname, total_time / calls AS ms FROM pg_stat_user_functions"
+                " WHERE funcname LIKE 'stats\\_%%\\_stage'",
+            ):
+                result[f"server {row['funcname']}"] = float(row["ms"])
     return result

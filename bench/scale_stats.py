@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from bench import stats as stats_bench
-from bench.common import Figure, scratch_database, server_url
+from bench.common import Figure, plot, scratch_database, server_url
 from bench.orchestration import daemon
 from inventory_pipeline.db import Connection, connect, execute, fetch_one, jsonb
 from inventory_pipeline.stats import processors
@@ -360,6 +360,27 @@ def s7(admin_url: str, users: int, baseline_s: float = BASELINE_S) -> list[Figur
     ]
 
 
+S6_GOAL = 300.0  # users/s at 100,000 users
+
+
+def plot_s6(path: Path, rates: dict[int, float]) -> None:
+    """The S6 curve: users/s over the population, against the goal."""
+    if len(rates) < 2:
+        return
+    sizes = sorted(rates)
+    plot(
+        path,
+        "S6: rebuild of every user through the queue, 2 workers",
+        "users",
+        "users per second",
+        {
+            "rebuild": [(float(n), rates[n]) for n in sizes],
+            "goal at 100,000 users": [(float(sizes[0]), S6_GOAL), (float(sizes[-1]), S6_GOAL)],
+        },
+        log_x=True,
+    )
+
+
 def s6(admin_url: str, users: int) -> Figure:
     result = rebuild(admin_url, users)
     return Figure(
@@ -387,21 +408,30 @@ def run(admin_url: str, mode: Sizes) -> list[Figure]:
     figures: list[Figure] = []
     for users in pick(mode, [20], [10_000], [10_000, 100_000]):
         figures += s7(admin_url, users, pick(mode, 5.0, BASELINE_S, BASELINE_S))
+    rates: dict[int, float] = {}
     for users in pick(mode, [50], [1_000, 10_000], [1_000, 10_000, 100_000]):
-        figures.append(s6(admin_url, users))
+        figure = s6(admin_url, users)
+        rates[users] = figure.value
+        figures.append(figure)
+    plot_s6(mode.plots / "s6-rebuild.png", rates)
     return figures
 
 
 def main(argv: list[str]) -> None:
     """`python -m bench.scale_stats s7:10000 s6:1000 ...`: chosen figures at chosen
-    sizes, on the bench's server (INVENTORY_BENCH_DATABASE_URL or an embedded one)."""
+    sizes, on the bench's server (INVENTORY_BENCH_DATABASE_URL or an embedded one);
+    two or more S6 sizes also draw bench/plots/s6-rebuild.png."""
+    rates: dict[int, float] = {}
     with server_url() as admin:
         for spec in argv:
             what, users = spec.split(":")
             started = time.monotonic()
             figures = s7(admin, int(users)) if what == "s7" else [s6(admin, int(users))]
+            if what == "s6":
+                rates[int(users)] = figures[0].value
             for figure in figures:
                 print(figure.line(), f"[{time.monotonic() - started:.0f} s]", flush=True)
+    plot_s6(Path("bench/plots/s6-rebuild.png"), rates)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,20 @@ def claim(
     job of a user with no live job. None while paused, at the cap of active leases (a
     run waiting out a retry does not hold a slot), when nothing is claimable, or when
     the turn to count leases did not come within the claim budget (or at once, without
-    `wait`)."""
+    `wait`). One server-side call; a start the one-live-job index refused (another
+    claim won the user) is retried statement by statement."""
+    try:
+        return repo.claim_stage(conn, lock_owner, user_id, wait)
+    except DatabaseError as exc:
+        if exc.sqlstate != UNIQUE_VIOLATION:
+            raise
+    return _claim_stepwise(conn, lock_owner, user_id, wait)
+
+
+def _claim_stepwise(
+    conn: Connection, lock_owner: str, user_id: UUID | None, wait: bool
+) -> StatsClaim | None:
+    """The claim statement by statement, trying up to CLAIM_TRIES candidates."""
     with transaction(conn):
         settings = repo.arm_stage(conn, "claim", None)
         if settings.paused:

@@ -50,10 +50,14 @@ class _Attempt:
 def compute(
     conn: Connection, claim: StatsClaim, record_interruptions: bool = True
 ) -> ComputeResult:
-    """One compute call in its own transaction. An interruption (57014/55P03) is a
+    """One compute call in its own transaction: one server-side call, or for a run in
+    batches the steps below. An interruption (57014/55P03) is a
     failed attempt with backoff, unless the caller handles it (the scoped processor)."""
     started = time.perf_counter()
     try:
+        answered = repo.compute_stage(conn, claim, BATCH_SIZE)
+        if answered is not None:
+            return answered
         with transaction(conn):
             return _compute(conn, claim, started)
     except DatabaseError as exc:

@@ -97,27 +97,20 @@ def request_generation(
 # -- rollover ------------------------------------------------------------------------
 
 
-def rollover_next(
-    conn: Connection, after: tuple[datetime, UUID] | None
-) -> tuple[datetime, UUID] | None:
-    """The next due user after `after` (due time, user) in due order, locked."""
+def roll_one(
+    conn: Connection, after: tuple[datetime, UUID] | None, busy_error: str
+) -> tuple[datetime, UUID, str] | None:
+    """Roll the next due user after `after` in one call: (due time, user, outcome)."""
     row = fetch_one(
         conn,
-        QUERIES["rollover_next"],
+        QUERIES["roll_one"],
         {
             "after_due": None if after is None else after[0],
             "after_user": None if after is None else after[1],
+            "busy_error": busy_error,
         },
     )
-    return None if row is None else (row["due_at"], row["user_id"])
-
-
-def rollover_lock_state(conn: Connection, user_id: UUID) -> UserVersions | None:
-    """None: a save or a publication of this user holds its state row."""
-    row = fetch_one(conn, QUERIES["rollover_lock_state"], {"user_id": user_id})
-    if row is None:
-        return None
-    return UserVersions(int(row["requested_version"]), int(row["applied_version"]))
+    return None if row is None else (row["roll_due_at"], row["roll_user_id"], row["roll_outcome"])
 
 
 def rollover_window(conn: Connection, user_id: UUID, generation: int) -> int:
@@ -130,14 +123,6 @@ def rollover_window(conn: Connection, user_id: UUID, generation: int) -> int:
 
 def schedule_rollover(conn: Connection, user_id: UUID, generation: int) -> None:
     execute(conn, QUERIES["schedule_rollover"], {"user_id": user_id, "generation": generation})
-
-
-def rollover_deferred(conn: Connection, user_id: UUID) -> None:
-    execute(conn, QUERIES["rollover_deferred"], {"user_id": user_id})
-
-
-def rollover_failed(conn: Connection, user_id: UUID, error: str) -> None:
-    execute(conn, QUERIES["rollover_failed"], {"user_id": user_id, "error": error})
 
 
 def rollover_overview(conn: Connection) -> dict[str, Any]:

@@ -20,13 +20,20 @@ from inventory_pipeline.stats.models import (
 def publish(
     conn: Connection, claim: StatsClaim, record_interruptions: bool = True
 ) -> PublishResult:
-    """Publish the computed run. A generation not newer than the applied one is refused
-    and its range absorbed by a successor with a newer generation; a moved base or a
-    deleted referenced row (23503) rejects into the successor too. An interruption
-    (57014/55P03) is a failed attempt with backoff: the output stays for the retry
-    (unless the caller handles it itself: the scoped processor)."""
+    """Publish the computed run in one server-side call. A generation not newer than
+    the applied one is refused and its range absorbed by a successor with a newer
+    generation; a moved base or a deleted referenced row (23503) rejects into the
+    successor too. An interruption (57014/55P03) is a failed attempt with backoff: the
+    output stays for the retry (unless the caller handles it itself: the scoped
+    processor)."""
     started = time.perf_counter()
     try:
+        try:
+            return repo.publish_stage(conn, claim)
+        except DatabaseError as exc:
+            if exc.sqlstate != FOREIGN_KEY_VIOLATION:
+                raise
+        # A referenced row went away: the statement-by-statement path rejects it.
         with transaction(conn):
             return _publish(conn, claim, started)
     except DatabaseError as exc:

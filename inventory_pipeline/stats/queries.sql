@@ -11,6 +11,31 @@ SELECT stats_projection_statement_budget(%(stage)s) AS budget_ms,
        active_lease_cap, max_attempts, retry_backoff_seconds, paused
 FROM stats_projection_worker_settings WHERE id = 1;
 
+-- name: arm_stage_call
+-- Sent in the same round trip as a stage's server-side call, before it: the stage's
+-- statement budget (armed when the call starts) and the lease token it acts under.
+SELECT stats_projection_statement_budget(%(stage)s) AS budget_ms,
+       set_config('inventory.stats_lease_token', %(lease_token)s, true) AS lease_token;
+
+-- name: claim_stage
+-- The claim stage as one call (migration 0015): no row when nothing was claimed.
+SELECT claim_run_id, claim_job_id, claim_user_id, claim_lease_token, claim_target_version,
+       claim_base_applied_version, claim_from_date, claim_exercise_ids
+FROM stats_claim_stage(%(lock_owner)s, %(user_id)s::uuid, %(wait)s);
+
+-- name: compute_stage
+-- The compute stage as one call for an account that needs no batches ('client': a run
+-- in batches, which the caller computes step by step).
+SELECT compute_status, compute_stage, compute_next_offset, compute_total, compute_reason,
+       compute_retry_not_before
+FROM stats_compute_stage(%(run_id)s, %(lease_token)s, %(batch_size)s);
+
+-- name: publish_stage
+-- The publish stage as one call (23503: a referenced row went away; the caller's own
+-- path rejects into the successor).
+SELECT publish_status, publish_applied_version, publish_reason
+FROM stats_publish_stage(%(run_id)s, %(lease_token)s);
+
 -- name: lock_lease_slots
 -- Claims that may start a lease take turns (until their commit), so the count that
 -- follows, in a fresh snapshot, sees every committed lease: the cap holds atomically.
@@ -554,29 +579,11 @@ SET due_at = EXCLUDED.due_at,
 -- name: set_lock_timeout
 SET LOCAL lock_timeout = '1s';
 
--- name: rollover_next
--- The next user whose three-day window is due, after the tick's last one in due order
--- (a keyset: no walk over the users this tick already moved), locked for this
--- transaction; users another rollover holds are skipped. One user per transaction. The
--- transaction commits asynchronously: a window is derived data, and a roll a crash
--- loses is due again.
-SELECT user_id, due_at, set_config('synchronous_commit', 'off', true) AS async_commit
-FROM user_pr_overview_rollover_state
-WHERE due_at <= now()
-  AND (due_at, user_id) > (coalesce(%(after_due)s::timestamptz, '-infinity'),
-                           coalesce(%(after_user)s::uuid, '00000000-0000-0000-0000-000000000000'))
-ORDER BY due_at, user_id
-LIMIT 1
-FOR UPDATE SKIP LOCKED;
-
--- name: rollover_lock_state
--- The user's versions, locked without waiting. Publication and every write of the user
--- lock this row, so while it is held here neither can commit a newer generation or new
--- facts; a row held by one of them is skipped (no row) instead of waited for.
-SELECT requested_version, applied_version
-FROM user_stats_refresh_state
-WHERE user_id = %(user_id)s
-FOR UPDATE SKIP LOCKED;
+-- name: roll_one
+-- One user's rollover as one call (migration 0015), its own transaction: the next due
+-- user after the tick's last one; no row when nobody is due.
+SELECT roll_due_at, roll_user_id, roll_outcome
+FROM stats_roll_one(%(after_due)s::timestamptz, %(after_user)s::uuid, %(busy_error)s);
 
 -- name: rollover_window
 -- Move the applied generation's PR overview window to the database date -1, 0 and +1,
@@ -698,24 +705,6 @@ SELECT count(*) AS built FROM headers;
 SELECT enqueue_user_exercise_stats_refresh_job(
     %(user_id)s, %(event_type)s, %(from_date)s, '{}', %(reason)s, %(source_ref)s,
     bump_stats_requested_version(%(user_id)s)) AS job_id;
-
--- name: rollover_deferred
--- A newer generation is on its way (requested ahead of applied): its publication builds
--- a fresh window and schedules the next rollover; look again in five minutes meanwhile.
-UPDATE user_pr_overview_rollover_state
-SET due_at = now() + interval '5 minutes', next_retry_at = now() + interval '5 minutes',
-    updated_at = now()
-WHERE user_id = %(user_id)s;
-
--- name: rollover_failed
--- A failed rollover keeps its attempt count, error and next retry (1, 2, 4 ... 60 minutes).
-UPDATE user_pr_overview_rollover_state
-SET attempt_count = attempt_count + 1,
-    last_error = %(error)s,
-    next_retry_at = now() + make_interval(mins => least(60, power(2, attempt_count)::integer)),
-    due_at = now() + make_interval(mins => least(60, power(2, attempt_count)::integer)),
-    updated_at = now()
-WHERE user_id = %(user_id)s;
 
 -- name: rollover_overview
 -- What an operator watches before the three-day window runs out.

@@ -7,9 +7,24 @@ from datetime import date, datetime
 from typing import Any
 from uuid import UUID
 
-from inventory_pipeline.db import Connection, Row, execute, fetch_all, fetch_one, jsonb
+from inventory_pipeline.db import (
+    Connection,
+    Row,
+    execute,
+    fetch_all,
+    fetch_one,
+    fetch_one_armed,
+    jsonb,
+)
 from inventory_pipeline.db.queries import load_queries
-from inventory_pipeline.stats.models import RunState, StatsClaim, WorkerSettings, WorkWaiting
+from inventory_pipeline.stats.models import (
+    ComputeResult,
+    PublishResult,
+    RunState,
+    StatsClaim,
+    WorkerSettings,
+    WorkWaiting,
+)
 
 QUERIES = load_queries("inventory_pipeline.stats")
 
@@ -59,6 +74,83 @@ def update_settings(conn: Connection, changes: dict[str, int | bool | None]) -> 
     params: dict[str, Any] = dict.fromkeys(_SETTINGS)
     params.update(changes)
     return _settings(_one(conn, "update_settings", params))
+
+
+# -- the stages as one server-side call each ------------------------------------------
+
+
+def _stage_call(
+    conn: Connection, stage: str, lease_token: UUID | None, name: str, params: dict[str, Any]
+) -> Row | None:
+    """The stage's function under its statement budget and lease token, in one round
+    trip and one transaction. Claim and compute, in a transaction of their own, commit
+    without waiting for the WAL flush: a crash can lose only whole stages (a claim or a
+    private output, never a publication), which the queue then does again, as after a
+    lost lease. Publication always waits for its flush."""
+    token = "" if lease_token is None else str(lease_token)
+    arm = {"stage": stage, "lease_token": token}
+    return fetch_one_armed(
+        conn,
+        QUERIES["arm_stage_call"],
+        arm,
+        QUERIES[name],
+        params,
+        async_commit=stage != "publish",
+    )
+
+
+def claim_stage(
+    conn: Connection, lock_owner: str, user_id: UUID | None, wait: bool
+) -> StatsClaim | None:
+    """The claim stage in one call (None: nothing claimed)."""
+    params = {"lock_owner": lock_owner, "user_id": user_id, "wait": wait}
+    row = _stage_call(conn, "claim", None, "claim_stage", params)
+    if row is None:
+        return None
+    return StatsClaim(
+        run_id=row["claim_run_id"],
+        job_id=row["claim_job_id"],
+        user_id=row["claim_user_id"],
+        lease_token=row["claim_lease_token"],
+        target_version=row["claim_target_version"],
+        base_applied_version=row["claim_base_applied_version"],
+        from_date=row["claim_from_date"],
+        exercise_ids=_ids(row["claim_exercise_ids"]),
+    )
+
+
+def compute_stage(conn: Connection, claim: StatsClaim, batch_size: int) -> ComputeResult | None:
+    """The compute stage in one call; None for a run in batches (computed step by step
+    by the caller)."""
+    params = {"run_id": claim.run_id, "lease_token": claim.lease_token, "batch_size": batch_size}
+    row = _stage_call(conn, "compute", claim.lease_token, "compute_stage", params)
+    if row is None:
+        raise LookupError("stats query compute_stage returned no row")
+    if row["compute_status"] == "client":
+        return None
+    return ComputeResult(
+        status=row["compute_status"],
+        stage=row["compute_stage"],
+        next_offset=row["compute_next_offset"],
+        total_exercises=row["compute_total"],
+        reason=row["compute_reason"],
+        retry_not_before=row["compute_retry_not_before"],
+    )
+
+
+def publish_stage(conn: Connection, claim: StatsClaim) -> PublishResult:
+    """The publish stage in one call."""
+    params = {"run_id": claim.run_id, "lease_token": claim.lease_token}
+    row = _stage_call(conn, "publish", claim.lease_token, "publish_stage", params)
+    if row is None:
+        raise LookupError("stats query publish_stage returned no row")
+    return PublishResult(
+        status=row["publish_status"],
+        user_id=claim.user_id,
+        generation=claim.target_version,
+        applied_version=row["publish_applied_version"],
+        reason=row["publish_reason"],
+    )
 
 
 # -- claim ---------------------------------------------------------------------------

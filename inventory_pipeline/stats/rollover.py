@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
-from inventory_pipeline.db import Connection, DatabaseError, savepoint, transaction
+from inventory_pipeline.db import Connection
 from inventory_pipeline.stats import maintenance_repository as repo
 
 # A rollover run's time budget: one run rolls every due user it reaches in this time.
@@ -60,35 +60,24 @@ class RolledUser:
     outcome: Literal["rolled", "deferred", "failed"]
 
 
-def _error_line(exc: DatabaseError) -> str:
-    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return first[:200]
+_OUTCOMES: dict[str, Literal["rolled", "deferred", "failed"]] = {
+    "rolled": "rolled",
+    "deferred": "deferred",
+    "failed": "failed",
+}
 
 
 def roll_one(conn: Connection, after: tuple[datetime, UUID] | None) -> RolledUser | None:
-    """Roll the next due user after `after` (in due order) in one transaction; None
-    when nobody is due."""
-    with transaction(conn):
-        repo.set_lock_timeout(conn)
-        due = repo.rollover_next(conn, after)
-        if due is None:
-            return None
-        user_id = due[1]
-        versions = repo.rollover_lock_state(conn, user_id)
-        if versions is None:
-            repo.rollover_failed(conn, user_id, STATE_BUSY)
-            return RolledUser(due, "failed")
-        if versions.requested_version != versions.applied_version:
-            repo.rollover_deferred(conn, user_id)
-            return RolledUser(due, "deferred")
-        try:
-            with savepoint(conn):
-                repo.rollover_window(conn, user_id, versions.applied_version)
-                repo.schedule_rollover(conn, user_id, versions.applied_version)
-        except DatabaseError as exc:
-            repo.rollover_failed(conn, user_id, _error_line(exc))
-            return RolledUser(due, "failed")
-        return RolledUser(due, "rolled")
+    """Roll the next due user after `after` (in due order) in one transaction and one
+    server-side call; None when nobody is due. The call locks the user's rollover row
+    and, without waiting, its state row (busy: a failed attempt), defers a user whose
+    newer generation is pending, and moves the window with the next rollover scheduled;
+    an error while moving is recorded as a failed attempt."""
+    rolled = repo.roll_one(conn, after, STATE_BUSY)
+    if rolled is None:
+        return None
+    due_at, user_id, outcome = rolled
+    return RolledUser((due_at, user_id), _OUTCOMES[outcome])
 
 
 def rollover(

@@ -129,6 +129,43 @@ def test_a_failing_user_does_not_stop_the_rest(conn: Connection, db_url: str) ->
     assert state is not None and state["attempt_count"] == 1 and "lock" in state["last_error"]
 
 
+def test_an_error_while_moving_a_window_is_a_failed_attempt_of_that_user(
+    conn: Connection, db_url: str
+) -> None:
+    """The move itself fails (its insert waits on a conflicting uncommitted header past
+    the lock timeout): that user's move rolls back, the failure is recorded with its
+    error and a retry time, and the rest of the run goes on."""
+    day = population(conn, 10)
+    users = user_ids(conn)
+    stuck = users[3]
+    with connect(db_url) as holder, holder.transaction():
+        execute(
+            holder,
+            "INSERT INTO user_pr_overview_snapshot_headers"
+            " (user_id, generation, as_of_date, catalog_epoch, exercise_count)"
+            " VALUES (%s, 1, %s, 0, 0)",
+            (stuck, day),
+        )
+        result = maintenance.rollover(conn, pace=None)
+    assert (result.rolled, result.failed, result.more) == (9, 1, False)
+    assert rolled_users(conn, day) == 9
+    state = fetch_one(
+        conn,
+        "SELECT attempt_count, last_error, due_at > now() AS later"
+        " FROM user_pr_overview_rollover_state WHERE user_id = %s",
+        (stuck,),
+    )
+    assert state is not None and state["attempt_count"] == 1 and state["later"]
+    assert "lock timeout" in state["last_error"]
+    headers = fetch_one(
+        conn,
+        "SELECT count(*) AS n FROM user_pr_overview_snapshot_headers"
+        " WHERE user_id = %s AND as_of_date <> %s",
+        (stuck, day),
+    )
+    assert headers is not None and headers["n"] == 0  # the partial move rolled back
+
+
 class FakeTime:
     """A clock that moves `work` seconds per reading and by every sleep."""
 
