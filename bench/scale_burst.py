@@ -128,7 +128,7 @@ def burst(
         load(url, libraries)
         loaded = time.monotonic() - started
         with daemon(admin_url, url, {}) as storage_url, connect(url) as conn:
-            wait_for_partitions(storage_url, libraries, limit=max(120.0, libraries / 100))
+            wait_for_partitions(storage_url, libraries, limit=max(600.0, libraries / 50))
             time.sleep(6)  # one more sensor tick on the idle population
             marker = storage_url.rsplit("/", 1)[1]
             cpu_before = (_session_cpu(marker), _server_cpu(conn))

@@ -259,7 +259,8 @@ def log_completions(
 @dg.job(
     executor_def=dg.in_process_executor,
     tags={QUEUE_TAG: REFRESH_QUEUE},
-    description="Process one claimed batch of profile refresh requests.",
+    description="Claim and process profile refresh requests one at a time, planning more "
+    "when none is claimable, until the run's claim budget is spent or no work is left.",
 )
 def library_profile_refresh() -> None:
     refresh_claimed_profiles()
