@@ -11,7 +11,11 @@ acknowledged) and over its middle (10 % -> 90 % acknowledged, the sustained rate
 where the time went from Dagster's own storage: runs, their mean duration and the
 time between launch and start, and the event writes per library.
 
-`python -m bench.scale_burst [--smoke | --scale] [--reps N]` runs it alone.
+The CPU figures read /proc: the server's share is only the bench's own on the embedded
+server (the default); on a shared server it counts every session's backends.
+
+`python -m bench.scale_burst [--smoke | --scale] [--sizes N ...] [--reps N] [--window S]
+[--cost N]` runs it alone.
 """
 
 from __future__ import annotations
@@ -373,7 +377,9 @@ def run(admin_url: str, mode: Mode) -> list[Figure]:
                 f"S2 {libraries} libraries: CPU per library acknowledged (last repetition)",
                 total,
                 " ms",
-                f"two cores give at most {2000 / total:.0f} lib/s at this cost",
+                f"two cores give at most {2000 / total:.0f} lib/s at this cost"
+                if total > 0
+                else "no CPU measured",
                 note=", ".join(f"{k} {v:.1f} ms" for k, v in cpu.items())
                 + f"; load average {last['load']:.1f}",
             )
