@@ -25,6 +25,7 @@ from bench import (
     orchestration,
     profile_generation,
     queues,
+    scale_burst,
     scale_profiles,
     scale_stats,
     stats,
@@ -44,6 +45,7 @@ BENCHES: dict[str, Bench] = {
     "observation": observation.run,
     "stats": lambda url, mode: stats.run(url, mode.smoke),
     "scale_profiles": scale_profiles.run,
+    "scale_burst": scale_burst.run,
     "scale_stats": scale_stats.run,
 }
 

@@ -50,7 +50,9 @@ SELECT count(*) AS n FROM library_inventory_state WHERE acknowledged_revision < 
 
 
 @contextlib.contextmanager
-def daemon(admin_url: str, app_url: str, extra_env: dict[str, str]) -> Iterator[None]:
+def daemon(admin_url: str, app_url: str, extra_env: dict[str, str]) -> Iterator[str]:
+    """The real daemon (this repo's dagster.yaml) on `app_url`; yields the URL of its
+    storage database, a scratch database dropped afterwards."""
     name = f"inventory_bench_dagster_{uuid.uuid4().hex[:8]}"
     with connect(admin_url) as admin:
         create_database(admin, name)
@@ -77,7 +79,7 @@ def daemon(admin_url: str, app_url: str, extra_env: dict[str, str]) -> Iterator[
                     stderr=subprocess.STDOUT,
                 )
                 try:
-                    yield
+                    yield url_with_database(admin_url, name)
                 finally:
                     stop_dagster(proc, timeout=60)
     finally:  # also when interrupted: the storage database is ours to drop

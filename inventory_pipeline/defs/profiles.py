@@ -16,6 +16,7 @@ is removed, never fatal.
 
 import json
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -171,39 +172,95 @@ class RefreshConfig(dg.Config):
     )
 
 
+# Instances whose storage already holds its connections open (one call per run worker).
+_POOLED: "weakref.WeakSet[dg.DagsterInstance]" = weakref.WeakSet()
+
+
+def hold_storage_connections(instance: dg.DagsterInstance) -> None:
+    """Let the instance's storage keep a connection open for the rest of the process.
+    Dagster's postgres storage opens a new connection for every call unless told
+    otherwise (as its webserver does): a refresh run makes about six calls per library,
+    and each new connection costs the server a backend start, several times the CPU of
+    the write itself."""
+    if instance in _POOLED:
+        return
+    instance.optimize_for_webserver(statement_timeout=0, pool_recycle=3600, max_overflow=4)
+    _POOLED.add(instance)
+
+
+# Libraries a run records in Dagster together: their labels are read in one query, and
+# the check evaluations that follow their materializations name them from one lookup.
+EVENT_BATCH = 50
+
+
 @dg.op(tags={QUEUE_TAG: REFRESH_QUEUE})
 def refresh_claimed_profiles(
     context: dg.OpExecutionContext, config: RefreshConfig, inventory_db: InventoryDatabase
 ) -> dg.Output[int]:
     """Claim requests one at a time as the work begins and process each, one
-    materialization per library, until nothing is claimable."""
+    materialization per library, until `max_claims` (default the policy's run_claims)
+    were taken or nothing is left. When nothing is claimable the run plans itself (the
+    same planner a tick runs) and goes on while that queues work: a backlog larger than
+    one tick plans is drained by the running runs, not a tick's worth at a time. Every
+    EVENT_BATCH libraries, their materializations and then their check evaluations are
+    logged."""
     policy = inventory_db.policy()
     if config.max_claims is not None and config.max_claims <= 0:
         raise dg.Failure(f"max_claims must be positive, got {config.max_claims}")
+    budget = config.max_claims if config.max_claims is not None else policy.run_claims
+    hold_storage_connections(context.instance)
     counts = {"published": 0, "removed": 0, "lost": 0, "failed": 0}
-    touched: list[int] = []
+    pending: list[Completion] = []
     with inventory_db.connection() as conn:
-        for completion in service.refresh(conn, policy, config.max_claims):
-            counts[completion.outcome] += 1
-            touched.append(completion.library_id)
-            if completion.outcome in ("published", "removed"):
-                labels = service.library_labels(conn, [completion.library_id])
-                label = labels.get(completion.library_id)
-                context.log_event(materialization(completion, label))
-            elif completion.outcome == "failed":
-                context.log.warning(
-                    f"library {completion.library_id}: attempt failed ({completion.error})"
-                )
-            else:
-                context.log.warning(f"library {completion.library_id}: claim lost, nothing done")
-        log_check_evaluations(context, conn, touched)
+        planned_last = False
+        while budget > 0:
+            taken = 0
+            for completion in service.refresh(conn, policy, budget):
+                taken += 1
+                counts[completion.outcome] += 1
+                if completion.outcome == "failed":
+                    context.log.warning(
+                        f"library {completion.library_id}: attempt failed ({completion.error})"
+                    )
+                elif completion.outcome == "lost":
+                    context.log.warning(
+                        f"library {completion.library_id}: claim lost, nothing done"
+                    )
+                pending.append(completion)
+                if len(pending) >= EVENT_BATCH:
+                    log_completions(context, conn, pending)
+                    pending = []
+            budget -= taken
+            # Planning again right after a plan that let this run claim nothing would
+            # only race the other runs for what they are already taking.
+            if budget <= 0 or (planned_last and taken == 0):
+                break
+            planned_last = True
+            if service.plan(conn, policy).planned == 0:
+                break
+        log_completions(context, conn, pending)
     return dg.Output(counts["published"] + counts["removed"], metadata=dict(counts))
+
+
+def log_completions(
+    context: dg.OpExecutionContext, conn: Connection, completions: Sequence[Completion]
+) -> None:
+    """One materialization per published or removed library, then the check for every
+    library the run touched, as the database sees it now."""
+    if not completions:
+        return
+    done = [c for c in completions if c.outcome in ("published", "removed")]
+    labels = service.library_labels(conn, [c.library_id for c in done]) if done else {}
+    for completion in done:
+        context.log_event(materialization(completion, labels.get(completion.library_id)))
+    log_check_evaluations(context, conn, [c.library_id for c in completions])
 
 
 @dg.job(
     executor_def=dg.in_process_executor,
     tags={QUEUE_TAG: REFRESH_QUEUE},
-    description="Process one claimed batch of profile refresh requests.",
+    description="Claim and process profile refresh requests one at a time, planning more "
+    "when none is claimable, until the run's claim budget is spent or no work is left.",
 )
 def library_profile_refresh() -> None:
     refresh_claimed_profiles()
@@ -328,6 +385,33 @@ def target_materialization(
     )
 
 
+def target_materializations(
+    instance: dg.DagsterInstance, partitions: Sequence[str]
+) -> dict[str, AssetCheckEvaluationTargetMaterializationData]:
+    """`target_materialization` for many partitions in one read: newest first, a
+    partition's first record is its latest. A partition the read did not reach is
+    looked up alone; one never materialized is absent."""
+    wanted = set(partitions)
+    found: dict[str, AssetCheckEvaluationTargetMaterializationData] = {}
+    if not wanted:
+        return found
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=PROFILE_ASSET, asset_partitions=sorted(wanted)),
+        limit=2 * len(wanted),
+    ).records
+    for record in records:
+        key = record.partition_key
+        if key in wanted and key not in found:
+            found[key] = AssetCheckEvaluationTargetMaterializationData(
+                run_id=record.run_id, storage_id=record.storage_id, timestamp=record.timestamp
+            )
+    for key in sorted(wanted - found.keys()):
+        target = target_materialization(instance, key)
+        if target is not None:
+            found[key] = target
+    return found
+
+
 def log_check_evaluations(
     context: dg.OpExecutionContext | dg.AssetExecutionContext,
     conn: Connection,
@@ -335,7 +419,9 @@ def log_check_evaluations(
 ) -> None:
     """Record the check for every partition a run touched, as the database sees it now,
     against the partition's latest materialization."""
-    for status in service.profile_status(conn, library_ids):
+    statuses = service.profile_status(conn, library_ids)
+    targets = target_materializations(context.instance, [str(s.library_id) for s in statuses])
+    for status in statuses:
         partition = str(status.library_id)
         # AssetCheckEvaluation is accepted at run time; the annotation predates it.
         context.log_event(
@@ -346,7 +432,7 @@ def log_check_evaluations(
                 partition=partition,
                 description=status.reason,
                 metadata=_check_metadata(status),
-                target_materialization_data=target_materialization(context.instance, partition),
+                target_materialization_data=targets.get(partition),
             )
         )
 

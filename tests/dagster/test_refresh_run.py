@@ -1,0 +1,146 @@
+"""A refresh run against real PostgreSQL, in process: it drains a backlog larger than
+one plan, names each partition's latest materialization in its check evaluations, and
+does not open a storage connection per Dagster event."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import dagster as dg
+import pytest
+
+from inventory_pipeline.db import Connection, connect, execute, fetch_one
+from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
+from inventory_pipeline.defs import profiles as profile_defs
+from inventory_pipeline.defs.resources import InventoryDatabase
+from inventory_pipeline.deployment import dagster_storage_url
+from inventory_pipeline.profiles import service
+from tests import factories as f
+
+PARTITIONS = profile_defs.library_partitions.name
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+@pytest.fixture
+def storage_db(server_url: str) -> Iterator[str]:
+    """A scratch database for Dagster's postgres storage."""
+    name = f"dagster_{uuid.uuid4().hex[:10]}"
+    with connect(server_url) as admin:
+        create_database(admin, name)
+    try:
+        yield name
+    finally:
+        with connect(server_url) as admin:
+            drop_database(admin, name)
+
+
+def dirty_libraries(conn: Connection, count: int) -> list[int]:
+    srv = f.server(conn)
+    libs = [f.library(conn, srv, name=f"lib {i}") for i in range(count)]
+    for lib in libs:
+        f.items(conn, lib, 3)
+    return libs
+
+
+def test_one_run_drains_a_backlog_larger_than_one_plan(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    """A tick plans at most planner_passes x 25 libraries; the run it launches plans the
+    rest itself when it runs out of claims, instead of leaving them for later ticks."""
+    libs = dirty_libraries(conn, 60)
+    db = InventoryDatabase(url=db_url, planner_passes=1)
+    instance.add_dynamic_partitions(PARTITIONS, [str(lib) for lib in libs])
+    assert len(service.plan(conn, db.policy()).inventory) == 25  # what one tick queues
+    result = profile_defs.library_profile_refresh.execute_in_process(
+        instance=instance, resources={"inventory_db": db}
+    )
+    assert result.success
+    assert result.output_for_node("refresh_claimed_profiles") == 60
+    states = [f.state(conn, lib) for lib in libs]
+    assert all(s["acknowledged_revision"] == s["revision"] for s in states)
+    done = instance.get_materialized_partitions(profile_defs.PROFILE_ASSET)
+    assert done == {str(lib) for lib in libs}
+
+
+def test_run_stops_at_its_claim_budget_even_with_work_left(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    libs = dirty_libraries(conn, 30)
+    db = InventoryDatabase(url=db_url, planner_passes=1, run_claims=10)
+    instance.add_dynamic_partitions(PARTITIONS, [str(lib) for lib in libs])
+    result = profile_defs.library_profile_refresh.execute_in_process(
+        instance=instance, resources={"inventory_db": db}
+    )
+    assert result.output_for_node("refresh_claimed_profiles") == 10
+    row = fetch_one(
+        conn,
+        "SELECT count(*) AS n FROM profile_refresh_requests WHERE status = 'running'",
+    )
+    assert row is not None and row["n"] == 0  # nothing claimed beyond the budget
+
+
+def test_one_lookup_names_each_partitions_latest_materialization(
+    instance: dg.DagsterInstance,
+) -> None:
+    """The batched lookup agrees with the one-partition lookup, also for a partition
+    whose latest materialization lies beyond the newest records of the others."""
+    instance.add_dynamic_partitions(PARTITIONS, ["1", "2", "3"])
+
+    def materialize(key: str) -> None:
+        instance.report_runless_asset_event(
+            dg.AssetMaterialization(asset_key=profile_defs.PROFILE_ASSET, partition=key)
+        )
+
+    materialize("2")
+    for _ in range(6):
+        materialize("1")
+    found = profile_defs.target_materializations(instance, ["1", "2", "3"])
+    assert set(found) == {"1", "2"}  # "3" was never materialized
+    for key in ("1", "2"):
+        alone = profile_defs.target_materialization(instance, key)
+        assert alone is not None
+        assert found[key].storage_id == alone.storage_id
+        assert found[key].run_id == alone.run_id
+
+
+def test_run_does_not_open_a_storage_connection_per_event(
+    conn: Connection, db_url: str, server_url: str, storage_db: str
+) -> None:
+    """Dagster's postgres storage opens a connection per call unless told to hold one,
+    about six per library refreshed. A run of 25 libraries starts fewer than one more
+    server backend per extra library than a run of 5."""
+    storage = {
+        "postgres": {"postgres_url": dagster_storage_url(url_with_database(server_url, storage_db))}
+    }
+
+    def sessions() -> int:
+        time.sleep(1)  # an ended session reaches the statistics as its backend exits
+        with connect(server_url) as admin:
+            execute(admin, "SELECT pg_stat_clear_snapshot()")
+            row = fetch_one(
+                admin, "SELECT sessions FROM pg_stat_database WHERE datname = %s", (storage_db,)
+            )
+        assert row is not None
+        return int(row["sessions"])
+
+    def run(libraries: int) -> int:
+        """Backends started for Dagster's storage by one run of `libraries` libraries."""
+        libs = dirty_libraries(conn, libraries)
+        with dg.instance_for_test(overrides={"storage": storage}) as instance:
+            instance.add_dynamic_partitions(PARTITIONS, [str(lib) for lib in libs])
+            before = sessions()
+            result = profile_defs.library_profile_refresh.execute_in_process(
+                instance=instance, resources={"inventory_db": InventoryDatabase(url=db_url)}
+            )
+            assert result.output_for_node("refresh_claimed_profiles") == libraries
+        return sessions() - before
+
+    small, large = run(5), run(25)
+    assert large - small < 20
