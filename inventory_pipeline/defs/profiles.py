@@ -572,8 +572,10 @@ def library_profile_sensor(
         plan = service.plan(conn, policy)
         claimable = service.claimable(conn, max_runs * policy.run_claims)
         fingerprint = service.library_fingerprint(conn)
+        # A cursor of another width (one key per library before) was synced to other keys.
         recent = (
             state.get("newest") == newest
+            and state.get("width") == PARTITION_WIDTH
             and time.time() - float(state.get("synced_at", 0)) < FULL_SYNC_SECONDS
         )
         if not (recent and state.get("libraries") == fingerprint.token):
@@ -604,6 +606,7 @@ def library_profile_sensor(
                 "max_id": fingerprint.max_id,
                 "newest": None if deletes else newest,
                 "synced_at": time.time(),
+                "width": PARTITION_WIDTH,
             }
     wanted = min(max_runs, -(-claimable // policy.run_claims))
     launches = max(0, wanted - runs_waiting(context.instance, library_profile_refresh.name))

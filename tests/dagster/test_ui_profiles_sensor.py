@@ -490,3 +490,36 @@ def test_partition_sync_reads_the_key_sets_only_when_they_changed(
     added, deleted, cursor = sync(json.dumps(stale))
     assert (added, deleted) == ([key_of(c)], [])
     assert sorted(instance.get_dynamic_partitions(PARTITIONS)) == [key_of(c), key_of(new)]
+
+
+def test_keys_of_one_partition_per_library_are_replaced_on_the_first_tick(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    """A deployment that kept one key per library: the first tick after the upgrade
+    diffs, although its cursor says the library set did not change."""
+    srv = f.server(conn)
+    libs = [f.library(conn, srv, name=str(i)) for i in range(3)]
+    instance.add_dynamic_partitions(PARTITIONS, [str(lib) for lib in libs])
+    fingerprint = service.library_fingerprint(conn)
+    cursor = json.dumps(
+        {
+            "runs": 0,
+            "libraries": fingerprint.token,
+            "count": fingerprint.libraries,
+            "max_id": fingerprint.max_id,
+            "newest": str(libs[-1]),
+            "synced_at": 4e9,
+        }
+    )
+    result = tick(profile_defs.library_profile_sensor, instance, db_url, cursor)
+    assert isinstance(result, dg.SensorResult)
+    requests = result.dynamic_partitions_requests or []
+    added, deleted = [], []
+    for request in requests:
+        keys = list(request.partition_keys or [])
+        if isinstance(request, dg.AddDynamicPartitionsRequest):
+            added += keys
+        else:
+            deleted += keys
+    assert sorted(added) == sorted({key_of(lib) for lib in libs})
+    assert sorted(deleted) == sorted(str(lib) for lib in libs)
