@@ -492,7 +492,7 @@ def _partition_order(key: str) -> tuple[int, int, str]:
 
 # A full partition diff at least this often even when nothing seems to have changed:
 # it restores a range partition deleted by hand in the UI, which no cheap signal shows.
-FULL_SYNC_SECONDS = 600
+FULL_SYNC_SECONDS = 60
 
 
 def _read_cursor(cursor: str | None) -> dict[str, Any]:
