@@ -5,10 +5,16 @@ analysts backfill. Correctness lives in the database: a run only ever completes 
 its lease token still holds, so a killed, duplicated or hand-launched run changes
 nothing the lease would not allow.
 
+A partition is a range of PARTITION_WIDTH library ids ("000120-000129"), not one
+library: the webserver reads every key of a dynamic partition set several times per
+page load, so one key per library made the asset's page slow at 100k libraries. The
+outbox, the leases and the planning stay per library; a partition is materialized by
+each refresh of one of its libraries, and its check is the worst of its libraries.
+
 What the UI shows follows the database: check evaluations name the partition's latest
 materialization (else Dagster drops them from the Partitions tab), a stalled library's
-check is failed by a sensor without a run, and a partition key that is not a library
-is removed, never fatal.
+partition check is failed by a sensor without a run, and a partition key that is not a
+library range is removed, never fatal.
 """
 
 # No `from __future__ import annotations` here: Dagster reads op, asset and check
@@ -32,7 +38,12 @@ from inventory_pipeline.db import Connection
 from inventory_pipeline.defs.resources import InventoryDatabase, runs_waiting
 from inventory_pipeline.profiles import service
 from inventory_pipeline.profiles.generator import held_back_reason
-from inventory_pipeline.profiles.models import Completion, LibraryLabel, ProfileStatus
+from inventory_pipeline.profiles.models import (
+    Completion,
+    LibraryLabel,
+    ProfileStatus,
+    StalledLibrary,
+)
 
 # Dynamic partition set names are global to the instance: keep this one distinctive.
 PARTITIONS_NAME = "inventory_pipeline__library_profile"
@@ -42,6 +53,10 @@ QUEUE_TAG = "inventory_pipeline/queue"
 REFRESH_QUEUE = "profile_refresh"
 CHECK_NAME = "library_profile_current"
 CHECK_KEY = dg.AssetCheckKey(PROFILE_ASSET, CHECK_NAME)
+# Library ids per partition: 10k partition keys at 100k libraries.
+PARTITION_WIDTH = 10
+# Libraries named in a range's check description; the metadata counts all of them.
+NAMED_LIBRARIES = 3
 
 
 # Rows per distribution table: a huge library's metadata stays bounded.
@@ -128,8 +143,9 @@ def label_metadata(label: LibraryLabel | None) -> dict[str, Any]:
 
 
 def completion_metadata(completion: Completion, label: LibraryLabel | None) -> dict[str, Any]:
-    """What a reader of one partition's materialization wants to see."""
+    """What a reader of one library's materialization wants to see."""
     metadata: dict[str, Any] = {
+        "library_id": completion.library_id,
         **label_metadata(label),
         "item_count": completion.item_count,
         "acknowledged_revision": completion.acknowledged_revision or 0,
@@ -144,23 +160,56 @@ def completion_metadata(completion: Completion, label: LibraryLabel | None) -> d
 
 
 def materialization(completion: Completion, label: LibraryLabel | None) -> dg.AssetMaterialization:
+    """One library's refresh, recorded on the partition that holds the library."""
     return dg.AssetMaterialization(
         asset_key=PROFILE_ASSET,
-        partition=str(completion.library_id),
+        partition=partition_of(completion.library_id),
         metadata=completion_metadata(completion, label),
     )
 
 
-def library_ids_of(partition_keys: Sequence[str]) -> list[int]:
-    """Partition keys are library ids; anything else is refused before any work."""
-    bad = [key for key in partition_keys if not is_library_key(key)]
+def range_key(low: int) -> str:
+    """The partition key of the id range starting at `low`: both ends, zero-padded."""
+    return f"{low:06d}-{low + PARTITION_WIDTH - 1:06d}"
+
+
+def partition_of(library_id: int) -> str:
+    """The key of the partition that holds a library."""
+    return range_key(library_id - library_id % PARTITION_WIDTH)
+
+
+def range_low(key: str) -> int | None:
+    """The lowest library id of a partition key; None for any key this module would not
+    have written."""
+    low, sep, high = key.partition("-")
+    if not (sep and _is_number(low) and _is_number(high)):
+        return None
+    start = int(low)
+    return start if range_key(start) == key and start % PARTITION_WIDTH == 0 else None
+
+
+def _is_number(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) < 19
+
+
+def is_partition_key(key: str) -> bool:
+    return range_low(key) is not None
+
+
+def range_lows_of(partition_keys: Sequence[str]) -> list[int]:
+    """Partition keys are library id ranges; anything else is refused before any work."""
+    lows = [range_low(key) for key in partition_keys]
+    bad = [key for key, low in zip(partition_keys, lows, strict=True) if low is None]
     if bad:
-        raise dg.Failure(f"partition keys must be library ids, got {bad[0][:40]!r}")
-    return [int(key) for key in partition_keys]
+        raise dg.Failure(
+            f"partition keys must be library id ranges like {range_key(0)!r}, got {bad[0][:40]!r}"
+        )
+    return [low for low in lows if low is not None]
 
 
-def is_library_key(key: str) -> bool:
-    return key.isascii() and key.isdigit() and len(key) < 19
+def range_ids(lows: Sequence[int]) -> list[int]:
+    """Every id the ranges can hold, whether or not a library has it."""
+    return [low + n for low in sorted(set(lows)) for n in range(PARTITION_WIDTH)]
 
 
 class RefreshConfig(dg.Config):
@@ -273,7 +322,11 @@ def _backfill_metadata(
     meanwhile shows the profile stored now."""
     if result.completion is not None:
         return completion_metadata(result.completion, label)
-    metadata: dict[str, Any] = {**label_metadata(label), "outcome": result.status}
+    metadata: dict[str, Any] = {
+        "library_id": result.library_id,
+        **label_metadata(label),
+        "outcome": result.status,
+    }
     stored = service.stored_profile(conn, result.library_id)
     if stored is None:
         metadata["profile"] = "none: the library has no items"
@@ -284,44 +337,108 @@ def _backfill_metadata(
     return metadata
 
 
+class LibraryProfileConfig(dg.Config):
+    """Run config of a backfill: by default every library of the chosen partitions."""
+
+    libraries: list[int] = Field(
+        default_factory=list,
+        description="Refresh only these library ids (each inside one of the run's partitions).",
+    )
+
+
+def _range_summary(low: int, outcomes: Sequence[tuple[int, str, dict[str, Any]]]) -> dict[str, Any]:
+    """A partition's materialization: what happened to each of its libraries."""
+    records = [
+        dg.TableRecord(
+            {
+                "library_id": library_id,
+                "library": str(metadata.get("library", "")),
+                "outcome": outcome,
+                "item_count": int(metadata.get("item_count", 0)),
+            }
+        )
+        for library_id, outcome, metadata in outcomes
+    ]
+    return {
+        "libraries": dg.MetadataValue.table(
+            records=records,
+            schema=dg.TableSchema(
+                columns=[
+                    dg.TableColumn("library_id", "int"),
+                    dg.TableColumn("library", "string"),
+                    dg.TableColumn("outcome", "string"),
+                    dg.TableColumn("item_count", "int"),
+                ]
+            ),
+        ),
+        "library_ids": ", ".join(str(library_id) for library_id, _, _ in outcomes),
+        "id_range": range_key(low),
+    }
+
+
 @dg.asset(
     key=PROFILE_ASSET,
     partitions_def=library_partitions,
     output_required=False,
     description=(
         "Per-library profile: item count and, per trait, its distribution and coverage. "
-        "A backfill enqueues (or joins) outbox requests and processes them under a lease, "
-        "one library per run; the check then evaluates the new profile."
+        f"A partition is a range of {PARTITION_WIDTH} library ids. A backfill enqueues (or "
+        "joins) an outbox request for each library of the partition and processes them "
+        "under a lease, recording one materialization per library and one listing them; "
+        "the check then evaluates the partition (the worst of its libraries). The run "
+        "config `libraries` narrows it to chosen libraries."
     ),
 )
 def library_profile(
-    context: dg.AssetExecutionContext, inventory_db: InventoryDatabase
+    context: dg.AssetExecutionContext,
+    config: LibraryProfileConfig,
+    inventory_db: InventoryDatabase,
 ) -> Iterator[dg.MaterializeResult[None]]:
-    library_ids = library_ids_of(context.partition_keys)
+    lows = range_lows_of(context.partition_keys)
     failed: list[str] = []
-    refreshed: list[tuple[int, dict[str, Any]]] = []
+    outcomes: dict[int, list[tuple[int, str, dict[str, Any]]]] = {low: [] for low in lows}
     # One partition per run (the default backfill policy): the output is the partition's
     # materialization, and the check step, when the run includes it, evaluates against
     # it. Otherwise (a partition range, or the check left out) this op records the check.
-    single = len(library_ids) == 1
+    single = len(lows) == 1
     check_step = single and CHECK_KEY in context.job_def.asset_layer.asset_graph.asset_check_keys
     with inventory_db.connection() as conn:
+        library_ids = service.library_ids_in_ranges(conn, lows, PARTITION_WIDTH)
+        if config.libraries:
+            outside = sorted(set(config.libraries) - set(library_ids))
+            if outside:
+                raise dg.Failure(
+                    f"libraries not in the run's partitions: {', '.join(map(str, outside[:5]))}"
+                )
+            library_ids = sorted(set(config.libraries))
+        if not library_ids:
+            raise dg.Failure(f"no library in partitions {', '.join(context.partition_keys)[:200]}")
         labels = service.library_labels(conn, library_ids)
         for result in service.backfill(conn, library_ids, inventory_db.policy()):
+            label = labels.get(result.library_id)
+            low = result.library_id - result.library_id % PARTITION_WIDTH
             if result.status in ("refreshed", "refreshed_elsewhere", "never_stocked"):
-                label = labels.get(result.library_id)
-                refreshed.append((result.library_id, _backfill_metadata(conn, result, label)))
-            else:
-                failed.append(f"{result.library_id} ({result.error or result.status})")
-        if not single:
-            for library_id, metadata in refreshed:
+                metadata = _backfill_metadata(conn, result, label)
+                outcomes[low].append((result.library_id, result.status, metadata))
                 context.log_event(
                     dg.AssetMaterialization(
-                        asset_key=PROFILE_ASSET, partition=str(library_id), metadata=metadata
+                        asset_key=PROFILE_ASSET, partition=range_key(low), metadata=metadata
                     )
                 )
-        elif refreshed and not failed:
-            yield dg.MaterializeResult(metadata=refreshed[0][1])
+            else:
+                reason = result.error or result.status
+                outcomes[low].append((result.library_id, reason, label_metadata(label)))
+                failed.append(f"{result.library_id} ({reason})")
+        summaries = {low: _range_summary(low, done) for low, done in outcomes.items() if done}
+        if not single:
+            for low, summary in summaries.items():
+                context.log_event(
+                    dg.AssetMaterialization(
+                        asset_key=PROFILE_ASSET, partition=range_key(low), metadata=summary
+                    )
+                )
+        elif not failed:
+            yield dg.MaterializeResult(metadata=summaries[lows[0]])
         if not check_step or failed:
             # A failed run skips the check step: the evaluation says what went wrong.
             log_check_evaluations(context, conn, library_ids)
@@ -333,31 +450,43 @@ def library_profile(
     asset=PROFILE_ASSET,
     partitions_def=library_partitions,
     description=(
-        "The profile is current with its library's inventory revision. Evaluated after "
-        "each refresh, and failed by the staleness sensor for a library dirty longer than "
+        "Every library of the partition has a profile current with its inventory "
+        "revision (the partition shows the worst of its libraries). Evaluated after each "
+        "refresh, and failed by the staleness sensor for a library dirty longer than "
         "INVENTORY_STALL_SECONDS."
     ),
 )
 def library_profile_current(
     context: dg.AssetCheckExecutionContext, inventory_db: InventoryDatabase
 ) -> dg.AssetCheckResult:
-    [library_id] = library_ids_of([context.partition_key])
-    return profile_current_result(inventory_db, library_id)
+    [low] = range_lows_of([context.partition_key])
+    return range_current_result(inventory_db, low)
 
 
-def profile_current_result(inventory_db: InventoryDatabase, library_id: int) -> dg.AssetCheckResult:
-    """Current = acknowledged up to the revision and the stored profile matches the items;
-    a failure says why."""
+def range_current_result(inventory_db: InventoryDatabase, low: int) -> dg.AssetCheckResult:
+    """The partition's check: passed only when every library of the range is current."""
     with inventory_db.connection() as conn:
-        statuses = service.profile_status(conn, [library_id])
+        statuses = service.profile_status(conn, range_ids([low]))
+    passed, description, metadata = range_verdict(statuses)
+    return dg.AssetCheckResult(passed=passed, description=description, metadata=metadata)
+
+
+def range_verdict(statuses: Sequence[ProfileStatus]) -> tuple[bool, str, dict[str, Any]]:
+    """The worst of a range's libraries: passed, why, and the counts behind it."""
     if not statuses:
-        return dg.AssetCheckResult(
-            passed=False, description="library not found", metadata={"reason": "deleted"}
-        )
-    [status] = statuses
-    return dg.AssetCheckResult(
-        passed=status.current, description=status.reason, metadata=_check_metadata(status)
-    )
+        return False, "no library in this range", {"reason": "deleted", "libraries": 0}
+    behind = [s for s in statuses if not s.current]
+    metadata: dict[str, Any] = {"libraries": len(statuses), "current": len(statuses) - len(behind)}
+    if not behind:
+        if len(statuses) == 1:
+            metadata.update(_check_metadata(statuses[0]))
+        noun = "library" if len(statuses) == 1 else "libraries"
+        return True, f"{len(statuses)} {noun} current", metadata
+    named = "; ".join(f"library {s.library_id}: {s.reason}" for s in behind[:NAMED_LIBRARIES])
+    more = f" and {len(behind) - NAMED_LIBRARIES} more" if len(behind) > NAMED_LIBRARIES else ""
+    metadata["not_current"] = ", ".join(str(s.library_id) for s in behind)
+    metadata.update(_check_metadata(behind[0]))
+    return False, f"{named}{more}", metadata
 
 
 def _check_metadata(status: ProfileStatus) -> dict[str, int]:
@@ -397,7 +526,7 @@ def target_materializations(
         return found
     records = instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=PROFILE_ASSET, asset_partitions=sorted(wanted)),
-        limit=2 * len(wanted),
+        limit=(PARTITION_WIDTH + 1) * len(wanted),
     ).records
     for record in records:
         key = record.partition_key
@@ -417,33 +546,38 @@ def log_check_evaluations(
     conn: Connection,
     library_ids: Sequence[int],
 ) -> None:
-    """Record the check for every partition a run touched, as the database sees it now,
-    against the partition's latest materialization."""
-    statuses = service.profile_status(conn, library_ids)
-    targets = target_materializations(context.instance, [str(s.library_id) for s in statuses])
-    for status in statuses:
-        partition = str(status.library_id)
+    """Record the check of every partition a run touched, as the database sees all of
+    its libraries now (one query), against the partition's latest materialization."""
+    lows = sorted({library_id - library_id % PARTITION_WIDTH for library_id in library_ids})
+    by_range: dict[int, list[ProfileStatus]] = {low: [] for low in lows}
+    for status in service.profile_status(conn, range_ids(lows)):
+        by_range[status.library_id - status.library_id % PARTITION_WIDTH].append(status)
+    targets = target_materializations(context.instance, [range_key(low) for low in lows])
+    for low, statuses in by_range.items():
+        partition = range_key(low)
+        passed, description, metadata = range_verdict(statuses)
         # AssetCheckEvaluation is accepted at run time; the annotation predates it.
         context.log_event(
             dg.AssetCheckEvaluation(  # type: ignore[arg-type]
                 asset_key=PROFILE_ASSET,
                 check_name=CHECK_NAME,
-                passed=status.current,
+                passed=passed,
                 partition=partition,
-                description=status.reason,
-                metadata=_check_metadata(status),
+                description=description,
+                metadata=metadata,
                 target_materialization_data=targets.get(partition),
             )
         )
 
 
 def _partition_order(key: str) -> tuple[int, int, str]:
-    return (0, int(key), "") if is_library_key(key) else (1, 0, key)
+    low = range_low(key)
+    return (0, low, "") if low is not None else (1, 0, key)
 
 
 # A full partition diff at least this often even when nothing seems to have changed:
-# it restores a library partition deleted by hand in the UI, which no cheap signal shows.
-FULL_SYNC_SECONDS = 600
+# it restores a range partition deleted by hand in the UI, which no cheap signal shows.
+FULL_SYNC_SECONDS = 60
 
 
 def _read_cursor(cursor: str | None) -> dict[str, Any]:
@@ -468,23 +602,25 @@ def _newest_partition(instance: dg.DagsterInstance) -> str:
 
 
 def _partition_requests(
-    context: dg.SensorEvaluationContext, library_ids: set[str]
+    context: dg.SensorEvaluationContext, wanted: set[str]
 ) -> tuple[list[dg.AddDynamicPartitionsRequest | dg.DeleteDynamicPartitionsRequest], str]:
-    """Add a partition for each library without one and delete every key that is not a
-    library; also returns the warning for the foreign keys removed."""
+    """Add each range that holds a library and has no partition, delete every key that
+    is not such a range; also returns the warning for the foreign keys removed."""
     known = set(context.instance.get_dynamic_partitions(PARTITIONS_NAME))
     requests: list[dg.AddDynamicPartitionsRequest | dg.DeleteDynamicPartitionsRequest] = []
-    if library_ids - known:
-        requests.append(library_partitions.build_add_request(sorted(library_ids - known, key=int)))
-    gone = sorted(known - library_ids, key=_partition_order)
+    if wanted - known:
+        requests.append(
+            library_partitions.build_add_request(sorted(wanted - known, key=_partition_order))
+        )
+    gone = sorted(known - wanted, key=_partition_order)
     if gone:
         requests.append(library_partitions.build_delete_request(gone))
-    foreign = [key for key in gone if not is_library_key(key)]
+    foreign = [key for key in gone if not is_partition_key(key)]
     removed = ""
     if foreign:
         shown = ", ".join(repr(key[:40]) for key in foreign[:5])
         more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
-        removed = f"removed partition keys that are not library ids: {shown}{more}; "
+        removed = f"removed partition keys that are not library id ranges: {shown}{more}; "
         context.log.warning(removed.rstrip("; "))
     return requests, removed
 
@@ -502,13 +638,15 @@ def library_profile_sensor(
     """A tick never claims: ticks fail, are previewed from the UI and are retried, and a
     run may wait in the queue for minutes. It launches enough runs for the backlog
     (`run_claims` each), never more than `max_runs_per_tick` waiting to start. Partition
-    keys that are not libraries (added by hand in the UI) are reported and removed.
+    keys that are not library id ranges (added by hand in the UI) are reported and
+    removed.
 
     The partition sync reads neither key set while the library set's fingerprint and
     the newest partition key are those of the last sync (the cursor keeps both). When
-    only libraries were created since, it adds their keys; any other change (a library
-    deleted, a key added by hand) or FULL_SYNC_SECONDS since the last diff diffs both
-    sets."""
+    only libraries were created since, it adds the keys of their ranges; any other
+    change (a library deleted, a key added by hand) or FULL_SYNC_SECONDS since the last
+    diff diffs the ranges that hold a library with the partition keys: a range loses
+    its partition when its last library is deleted."""
     policy = inventory_db.policy()
     max_runs = inventory_db.max_runs_per_tick()
     state = _read_cursor(context.cursor)
@@ -519,8 +657,10 @@ def library_profile_sensor(
         plan = service.plan(conn, policy)
         claimable = service.claimable(conn, max_runs * policy.run_claims)
         fingerprint = service.library_fingerprint(conn)
+        # A cursor of another width (one key per library before) was synced to other keys.
         recent = (
             state.get("newest") == newest
+            and state.get("width") == PARTITION_WIDTH
             and time.time() - float(state.get("synced_at", 0)) < FULL_SYNC_SECONDS
         )
         if not (recent and state.get("libraries") == fingerprint.token):
@@ -529,12 +669,15 @@ def library_profile_sensor(
             )
             count = int(state.get("count", -1))
             if appended and fingerprint.libraries == count + len(appended):
-                # Only libraries created since the last sync: add their keys, no diff.
-                added = [str(i) for i in appended]
-                partition_requests.append(library_partitions.build_add_request(added))
+                # Only libraries created since the last sync: add the keys of their
+                # ranges, no diff. Only the range of the last synced id can exist.
+                synced = partition_of(int(state["max_id"])) if state.get("max_id") else None
+                added = sorted({partition_of(i) for i in appended} - {synced}, key=_partition_order)
+                if added:
+                    partition_requests.append(library_partitions.build_add_request(added))
             else:
-                library_ids = {str(i) for i in service.library_ids(conn)}
-                partition_requests, removed = _partition_requests(context, library_ids)
+                ranges = {range_key(low) for low in service.library_ranges(conn, PARTITION_WIDTH)}
+                partition_requests, removed = _partition_requests(context, ranges)
             adds = [r for r in partition_requests if isinstance(r, dg.AddDynamicPartitionsRequest)]
             deletes = len(partition_requests) > len(adds)
             # Once applied, the newest key is the last one added (keys are added in
@@ -548,6 +691,7 @@ def library_profile_sensor(
                 "max_id": fingerprint.max_id,
                 "newest": None if deletes else newest,
                 "synced_at": time.time(),
+                "width": PARTITION_WIDTH,
             }
     wanted = min(max_runs, -(-claimable // policy.run_claims))
     launches = max(0, wanted - runs_waiting(context.instance, library_profile_refresh.name))
@@ -586,30 +730,36 @@ STALL_BATCH = 500
 @dg.sensor(
     minimum_interval_seconds=60,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Fails library_profile_current for every library whose inventory change "
-    "waits longer than INVENTORY_STALL_SECONDS, without a run and without claiming.",
+    description="Fails library_profile_current for the partition of every library whose "
+    "inventory change waits longer than INVENTORY_STALL_SECONDS, without a run and "
+    "without claiming.",
 )
 def library_profile_staleness_sensor(
     context: dg.SensorEvaluationContext, inventory_db: InventoryDatabase
 ) -> dg.SensorResult | dg.SkipReason:
     """A stall turns the check red even when no run touches the library: the tick reads
-    the stalled libraries and records one failed evaluation per newly stalled revision
-    (the cursor remembers which were reported), in one batch and without a run. The
-    refresh that acknowledges the library records the passing evaluation."""
+    the stalled libraries and records one failed evaluation for each partition holding a
+    newly stalled revision (the cursor remembers, per library, which were reported), in
+    one batch and without a run. The refresh that acknowledges the library records the
+    partition's evaluation again."""
     policy = inventory_db.policy()
     with inventory_db.connection() as conn:
         stalled = service.stalled_libraries(conn, policy, STALL_BATCH)
     reported: dict[str, int] = json.loads(context.cursor) if context.cursor else {}
     known = set(context.instance.get_dynamic_partitions(PARTITIONS_NAME))
-    events = []
+    newly: dict[str, list[StalledLibrary]] = {}
     now_reported: dict[str, int] = {}
     for lib in stalled:
-        partition = str(lib.library_id)
+        partition = partition_of(lib.library_id)
         if partition not in known:
             continue  # the partition sync adds it; reported on a later tick
-        now_reported[partition] = lib.revision
-        if reported.get(partition) == lib.revision:
-            continue
+        now_reported[str(lib.library_id)] = lib.revision
+        if reported.get(str(lib.library_id)) != lib.revision:
+            newly.setdefault(partition, []).append(lib)
+    events = []
+    for partition, libs in newly.items():
+        lib = libs[0]  # the oldest stall of the partition
+        more = f"; {len(libs) - 1} more libraries of this range stalled" if len(libs) > 1 else ""
         events.append(
             dg.AssetCheckEvaluation(
                 asset_key=PROFILE_ASSET,
@@ -617,15 +767,18 @@ def library_profile_staleness_sensor(
                 passed=False,
                 partition=partition,
                 description=(
-                    f"stalled: inventory revision {lib.revision} waiting "
-                    f"{lib.stalled_seconds // 60} min (acknowledged {lib.acknowledged_revision}, "
-                    f"threshold {policy.stall_seconds // 60} min)"
+                    f"stalled: library {lib.library_id} inventory revision {lib.revision} "
+                    f"waiting {lib.stalled_seconds // 60} min (acknowledged "
+                    f"{lib.acknowledged_revision}, threshold {policy.stall_seconds // 60} min)"
+                    f"{more}"
                 ),
                 metadata={
+                    "library_id": lib.library_id,
                     "revision": lib.revision,
                     "acknowledged_revision": lib.acknowledged_revision,
                     "dirty_since": lib.dirty_since.isoformat(),
                     "stalled_seconds": lib.stalled_seconds,
+                    "stalled_libraries": ", ".join(str(x.library_id) for x in libs),
                 },
                 target_materialization_data=target_materialization(context.instance, partition),
             )
@@ -635,7 +788,10 @@ def library_profile_staleness_sensor(
         if cursor != (context.cursor or "{}"):
             context.update_cursor(cursor)
         return dg.SkipReason(f"no newly stalled library ({len(now_reported)} stalled)")
-    context.log.warning(f"{len(events)} libraries newly stalled ({len(now_reported)} stalled)")
+    context.log.warning(
+        f"{sum(map(len, newly.values()))} libraries newly stalled in {len(events)} partitions "
+        f"({len(now_reported)} stalled)"
+    )
     return dg.SensorResult(asset_events=events, cursor=cursor)
 
 

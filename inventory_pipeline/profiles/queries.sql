@@ -364,13 +364,23 @@ DELETE FROM profile_refresh_requests r
 USING doomed
 WHERE r.id = doomed.id;
 
--- name: library_ids
--- Partition keys: every library, in id order.
-SELECT id FROM libraries ORDER BY id;
-
 -- name: library_ids_after
 -- Libraries created after a known largest id (ids only grow), in id order.
 SELECT id FROM libraries WHERE id > %(after_id)s ORDER BY id;
+
+-- name: library_ranges
+-- The id ranges of the given width that hold at least one library, by their lowest id
+-- (one index-only scan; one row per range, not per library).
+SELECT DISTINCT id / %(width)s * %(width)s AS low
+FROM libraries
+ORDER BY low;
+
+-- name: library_ids_in_ranges
+-- The libraries inside the given id ranges (lowest id, common width), in id order.
+SELECT l.id
+FROM unnest(%(lows)s::bigint[]) AS r (low)
+JOIN libraries l ON l.id >= r.low AND l.id < r.low + %(width)s
+ORDER BY l.id;
 
 -- name: library_fingerprint
 -- A cheap summary of the set of library ids (one index-only scan, no rows shipped):

@@ -254,12 +254,18 @@ def compact_requests(conn: Connection, retention_days: int, limit: int) -> int:
     )
 
 
-def library_ids(conn: Connection) -> list[int]:
-    return [int(r["id"]) for r in fetch_all(conn, QUERIES["library_ids"])]
-
-
 def library_ids_after(conn: Connection, after_id: int) -> list[int]:
     rows = fetch_all(conn, QUERIES["library_ids_after"], {"after_id": after_id})
+    return [int(r["id"]) for r in rows]
+
+
+def library_ranges(conn: Connection, width: int) -> list[int]:
+    rows = fetch_all(conn, QUERIES["library_ranges"], {"width": width})
+    return [int(r["low"]) for r in rows]
+
+
+def library_ids_in_ranges(conn: Connection, lows: Sequence[int], width: int) -> list[int]:
+    rows = fetch_all(conn, QUERIES["library_ids_in_ranges"], {"lows": list(lows), "width": width})
     return [int(r["id"]) for r in rows]
 
 

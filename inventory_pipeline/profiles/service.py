@@ -327,13 +327,19 @@ def compact(conn: Connection, policy: RefreshPolicy, max_batches: int = 100) -> 
     return total
 
 
-def library_ids(conn: Connection) -> list[int]:
-    return repository.library_ids(conn)
-
-
 def library_ids_after(conn: Connection, after_id: int) -> list[int]:
     """Libraries with an id above `after_id`, in id order."""
     return repository.library_ids_after(conn, after_id)
+
+
+def library_ranges(conn: Connection, width: int) -> list[int]:
+    """The lowest id of every id range of `width` that holds a library, ascending."""
+    return repository.library_ranges(conn, width)
+
+
+def library_ids_in_ranges(conn: Connection, lows: Sequence[int], width: int) -> list[int]:
+    """The libraries whose id lies in one of the ranges [low, low + width), in id order."""
+    return repository.library_ids_in_ranges(conn, lows, width)
 
 
 def library_fingerprint(conn: Connection) -> LibrarySetFingerprint:

@@ -245,7 +245,7 @@ query ($id: String!) {
 """
 
 ASSET = """
-query ($key: AssetKeyInput!, $partition: String!) {
+query ($key: AssetKeyInput!, $partition: String!, $limit: Int = 1) {
   assetNodes(assetKeys: [$key]) {
     partitionKeysByDimension { partitionKeys }
     assetPartitionStatuses {
@@ -269,7 +269,7 @@ query ($key: AssetKeyInput!, $partition: String!) {
   }
   assetOrError(assetKey: $key) {
     ... on Asset {
-      assetMaterializations(partitions: [$partition], limit: 1) {
+      assetMaterializations(partitions: [$partition], limit: $limit) {
         partition
         metadataEntries {
           label

@@ -100,5 +100,5 @@ def test_hostile_partition_key_is_refused(
         raise_on_error=False,
     )
     assert not result.success
-    assert "partition keys must be library ids" in failure_message(result)
+    assert "partition keys must be library id ranges" in failure_message(result)
     assert fingerprint(conn) == before

@@ -111,12 +111,22 @@ def test_every_queue_tag_has_a_limit_in_the_instance_settings(repo_root: Path) -
 
 
 def materializations(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, object]]:
+    """Each library's materialization by library id; each sits on its range's partition."""
     out = {}
     for event in result.get_asset_materialization_events():
         mat = event.step_materialization_data.materialization
         assert mat is not None and mat.partition is not None
-        out[mat.partition] = {k: v.value for k, v in mat.metadata.items()}
+        if "library_id" not in mat.metadata:
+            continue  # a partition's summary of its libraries
+        library_id = mat.metadata["library_id"].value
+        assert isinstance(library_id, int)
+        assert mat.partition == profile_defs.partition_of(library_id)
+        out[str(library_id)] = {k: v.value for k, v in mat.metadata.items()}
     return out
+
+
+def ranges(libraries: list[int]) -> list[str]:
+    return sorted({profile_defs.partition_of(lib) for lib in libraries})
 
 
 def running_claims(conn: Connection) -> int:
@@ -144,8 +154,8 @@ def test_sensor_plans_and_the_run_claims(
     assert running_claims(conn) == 0
     assert {r["status"] for lib in libs for r in f.requests(conn, lib)} == {"pending"}
     [add] = result.dynamic_partitions_requests or []
-    assert sorted(add.partition_keys or []) == sorted(str(i) for i in libs)
-    instance.add_dynamic_partitions(profile_defs.library_partitions.name, [str(i) for i in libs])
+    assert sorted(add.partition_keys or []) == ranges(libs)
+    instance.add_dynamic_partitions(profile_defs.library_partitions.name, ranges(libs))
 
     job = profile_defs.library_profile_refresh
     executed = job.execute_in_process(instance=instance, resources={"inventory_db": db})
@@ -156,7 +166,7 @@ def test_sensor_plans_and_the_run_claims(
     assert all(f.state(conn, lib)["acknowledged_revision"] == 1 for lib in libs)
     assert all(r["attempts"] == 1 for lib in libs for r in f.requests(conn, lib))
     checks = executed.get_asset_check_evaluations()
-    assert sorted(c.partition or "" for c in checks if c.passed) == sorted(str(i) for i in libs)
+    assert sorted(c.partition or "" for c in checks if c.passed) == ranges(libs)
     # Replaying the run (a duplicated or hand-launched run) finds nothing to claim.
     again = job.execute_in_process(instance=instance, resources={"inventory_db": db})
     assert again.success and materializations(again) == {}
@@ -215,11 +225,11 @@ def test_backfill_goes_through_outbox(
 ) -> None:
     lib = f.library(conn)
     f.items(conn, lib, 7)
-    instance.add_dynamic_partitions(profile_defs.library_partitions.name, [str(lib)])
+    instance.add_dynamic_partitions(profile_defs.library_partitions.name, ranges([lib]))
     db = InventoryDatabase(url=db_url)
     result = dg.materialize(
         [profile_defs.library_profile],
-        partition_key=str(lib),
+        partition_key=profile_defs.partition_of(lib),
         instance=instance,
         resources={"inventory_db": db},
     )
@@ -233,10 +243,10 @@ def test_backfill_goes_through_outbox(
     )
     # The run records the partition's check as the database sees it.
     [evaluation] = result.get_asset_check_evaluations()
-    assert evaluation.passed and evaluation.partition == str(lib)
+    assert evaluation.passed and evaluation.partition == profile_defs.partition_of(lib)
     # ...and fails once the inventory moves past the acknowledged revision.
     execute(conn, "UPDATE media_server_items SET rating = 2 WHERE library_id = %s", (lib,))
-    stale = profile_defs.profile_current_result(db, lib)
+    stale = profile_defs.range_current_result(db, lib - lib % profile_defs.PARTITION_WIDTH)
     assert not stale.passed
     assert stale.metadata["revision"].value == 2
 
@@ -246,10 +256,10 @@ def test_backfill_of_inactive_library_fails_the_run(
 ) -> None:
     lib = f.library(conn, active=False)
     f.items(conn, lib, 7)
-    instance.add_dynamic_partitions(profile_defs.library_partitions.name, [str(lib)])
+    instance.add_dynamic_partitions(profile_defs.library_partitions.name, ranges([lib]))
     result = dg.materialize(
         [profile_defs.library_profile],
-        partition_key=str(lib),
+        partition_key=profile_defs.partition_of(lib),
         instance=instance,
         resources={"inventory_db": InventoryDatabase(url=db_url)},
         raise_on_error=False,

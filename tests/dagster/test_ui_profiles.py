@@ -71,8 +71,8 @@ def stop_sensor(ui: gql.Dagster, sensor: dict[str, str]) -> None:
         assert stopped["__typename"] == "StopSensorMutationResult", stopped
 
 
-def asset_view(ui: gql.Dagster, partition: str = "") -> dict[str, Any]:
-    data = ui.query(gql.ASSET, key=ASSET_KEY, partition=partition)
+def asset_view(ui: gql.Dagster, partition: str = "", limit: int = 1) -> dict[str, Any]:
+    data = ui.query(gql.ASSET, key=ASSET_KEY, partition=partition, limit=limit)
     [node] = data["assetNodes"]
     [check] = [c for c in node["assetChecksOrError"]["checks"] if c["name"] == CHECK]
     return {
@@ -90,12 +90,12 @@ def add_partition(ui: gql.Dagster, repo: dict[str, str], key: str) -> None:
     assert result["__typename"] == "AddDynamicPartitionSuccess", result
 
 
-def backfill(ui: gql.Dagster, partitions: list[int]) -> str:
+def backfill(ui: gql.Dagster, partitions: list[str]) -> str:
     """What the Materialize dialog launches for chosen partitions."""
     result = ui.query(
         gql.LAUNCH_BACKFILL,
         params={
-            "partitionNames": [str(p) for p in partitions],
+            "partitionNames": partitions,
             "assetSelection": [ASSET_KEY],
             "fromFailure": False,
             "tags": [],
@@ -135,7 +135,21 @@ def leases(conn: Connection) -> tuple[int, int]:
 
 
 def check_truth(conn: Connection, libraries: list[int]) -> dict[str, bool]:
-    return {str(s.library_id): s.current for s in service.profile_status(conn, libraries)}
+    """Each partition's check as the database sees it: every library of it current."""
+    truth: dict[str, bool] = {}
+    for s in service.profile_status(conn, libraries):
+        key = profile_defs.partition_of(s.library_id)
+        truth[key] = truth.get(key, True) and s.current
+    return truth
+
+
+def first_of_range(conn: Connection, srv: int, name: str, active: bool = True) -> int:
+    """A library with the lowest id of its range: the next ones join its partition."""
+    while True:
+        lib = f.library(conn, srv, name=name, active=active)
+        if lib % profile_defs.PARTITION_WIDTH == 0:
+            return lib
+        execute(conn, "DELETE FROM libraries WHERE id = %s", (lib,))
 
 
 def test_backfill_of_chosen_partitions_and_what_the_partition_tabs_show(
@@ -148,21 +162,26 @@ def test_backfill_of_chosen_partitions_and_what_the_partition_tabs_show(
     # The planning sensor stays off here: only the backfills touch these libraries.
     stop_sensor(ui, sensor)
     srv = f.server(app, "Living Room Plex")
-    full = f.library(app, srv, name="Films")
+    # Three partitions: two libraries to refresh, one inactive, two left alone.
+    full = first_of_range(app, srv, "Films")
     small = f.library(app, srv, name="Shorts")
-    inactive = f.library(app, srv, name="Archive", active=False)
-    empty = f.library(app, srv, name="Empty")
+    inactive = first_of_range(app, srv, "Archive", active=False)
+    empty = first_of_range(app, srv, "Empty")
     stalled = f.library(app, srv, name="Stalled")
     f.items(app, full, 30, seed=4)
     f.items(app, small, 4)
     f.items(app, inactive, 6)
     f.items(app, stalled, 6)
     libraries = [full, small, inactive, empty, stalled]
-    for lib in libraries:
-        add_partition(ui, repo, str(lib))
+    key = profile_defs.partition_of
+    refreshed, archive, idle = key(full), key(inactive), key(empty)
+    assert key(small) == refreshed and key(stalled) == idle
+    assert len({refreshed, archive, idle}) == 3
+    for partition in (refreshed, archive, idle):
+        add_partition(ui, repo, partition)
 
-    good = backfill(ui, [full, small])
-    bad = backfill(ui, [inactive])
+    good = backfill(ui, [refreshed])
+    bad = backfill(ui, [archive])
     ui.start_daemon()
     assert ui.wait_for("the good backfill", lambda: backfill_status(ui, good), 180) == (
         "COMPLETED_SUCCESS"
@@ -173,32 +192,37 @@ def test_backfill_of_chosen_partitions_and_what_the_partition_tabs_show(
     )
     assert leases(app) == (0, 0)
 
-    view = asset_view(ui, str(small))
+    view = asset_view(ui, refreshed, limit=10)
     partitions = view["partitions"]
-    assert set(partitions["materializedPartitions"]) == {str(full), str(small)}
-    assert partitions["failedPartitions"] == [str(inactive)]
-    assert {str(empty), str(stalled)} <= set(partitions["unmaterializedPartitions"])
+    assert partitions["materializedPartitions"] == [refreshed]
+    assert partitions["failedPartitions"] == [archive]
+    assert idle in partitions["unmaterializedPartitions"]
 
     # The check's Partitions tab agrees with the database, partition by partition.
     checks = view["checks"]
     truth = check_truth(app, libraries)
-    assert set(checks["succeededPartitions"]) == {str(full), str(small)}
-    assert set(checks["failedPartitions"]) == {str(inactive)}
+    assert checks["succeededPartitions"] == [refreshed]
+    assert checks["failedPartitions"] == [archive]
     assert all(truth[k] for k in checks["succeededPartitions"])
     assert not any(truth[k] for k in checks["failedPartitions"])
     assert checks["skippedPartitions"] == checks["executionFailedPartitions"] == []
-    assert truth[str(full)] and truth[str(small)] and not truth[str(inactive)]
+    assert truth[refreshed] and not truth[archive]
 
-    # The small library's latest materialization says why nothing is published.
-    [latest] = view["latest"]
-    shown = entries(latest)
+    # The partition's latest materialization lists its libraries; before it, one per
+    # library, and the small one says why nothing is published.
+    latest, *earlier = view["latest"]
+    listed = entries(latest)
+    assert [row["library_id"] for row in listed["libraries"]] == [full, small]
+    assert [row["outcome"] for row in listed["libraries"]] == ["refreshed", "refreshed"]
+    by_library = {entries(m)["library_id"]: entries(m) for m in earlier}
+    assert set(by_library) == {full, small}
+    shown = by_library[small]
     assert shown["library"] == "Shorts (movie)"
     assert shown["media_server"] == "Living Room Plex (plex)"
     assert shown["trait/genres"] == "insufficient: 4 contributing items, need 5"
     assert {row["status"] for row in shown["traits"]} == {"insufficient"}
     assert not [k for k in shown if k.startswith(("distribution/", "coverage/"))]
-    [latest_full] = asset_view(ui, str(full))["latest"]
-    shown_full = entries(latest_full)
+    shown_full = by_library[full]
     stored = f.profile(app, full)
     assert stored is not None
     assert shown_full["profile"] == stored["profile"]
@@ -226,7 +250,7 @@ def test_backfill_of_chosen_partitions_and_what_the_partition_tabs_show(
     for event in result.asset_events:
         instance.report_runless_asset_event(event)
     checks = asset_view(ui)["checks"]
-    assert set(checks["failedPartitions"]) == {str(inactive), str(stalled)}
+    assert set(checks["failedPartitions"]) == {archive, idle}
     assert leases(app) == (0, 0)
 
 

@@ -19,6 +19,7 @@ from inventory_pipeline.profiles.models import RefreshPolicy
 from tests import factories as f
 
 PARTITIONS = profile_defs.library_partitions.name
+key_of = profile_defs.partition_of
 
 
 @pytest.fixture
@@ -63,7 +64,7 @@ def test_foreign_partition_key_is_reported_and_removed_not_fatal(
     lib = f.library(conn)
     f.items(conn, lib, 6)
     # What "Add partition" in the Materialize dialog does.
-    instance.add_dynamic_partitions(PARTITIONS, [str(lib), "Films"])
+    instance.add_dynamic_partitions(PARTITIONS, [key_of(lib), "Films"])
     result = tick(profile_defs.library_profile_sensor, instance, db_url, None)
     assert isinstance(result, dg.SensorResult)
     deleted = [
@@ -82,11 +83,15 @@ def test_foreign_key_without_work_is_the_skip_reason(
     conn: Connection, db_url: str, instance: dg.DagsterInstance
 ) -> None:
     lib = f.library(conn)
-    instance.add_dynamic_partitions(PARTITIONS, [str(lib), "Films", "7x"])
+    # A bare library id (the former key) is no longer a key either.
+    instance.add_dynamic_partitions(PARTITIONS, [key_of(lib), "Films", "7x", str(lib)])
     result = tick(profile_defs.library_profile_sensor, instance, db_url, None)
     assert isinstance(result, dg.SensorResult)
     assert result.skip_reason is not None
-    assert "not library ids: '7x', 'Films'" in result.skip_reason.skip_message
+    message = result.skip_reason.skip_message
+    assert "removed partition keys that are not library id ranges: " in message
+    assert all(repr(key) in message for key in ("7x", "Films", str(lib)))
+    assert repr(key_of(lib)) not in message
     assert leases(conn)["leased"] == 0
 
 
@@ -131,7 +136,8 @@ def test_materializing_a_foreign_key_fails_in_one_line_without_a_claim(
     assert failure.step_failure_data.error is not None
     message = failure.step_failure_data.error.message
     assert message.strip().splitlines() == [
-        "dagster._core.definitions.events.Failure: partition keys must be library ids, got 'Films'"
+        "dagster._core.definitions.events.Failure: partition keys must be library id ranges"
+        " like '000000-000009', got 'Films'"
     ]
     assert leases(conn) == {"running": 0, "leased": 0, "requests": 0}
 
@@ -149,13 +155,13 @@ def test_small_library_says_why_every_trait_is_held_back(
     big = f.library(conn, srv, name="Films")
     f.items(conn, big, 30, seed=3)
     result = refresh(conn, db_url, instance)
-    by_partition = {
-        e.step_materialization_data.materialization.partition: metadata_of(
-            e.step_materialization_data.materialization
-        )
-        for e in result.get_asset_materialization_events()
-    }
-    tiny = by_partition[str(small)]
+    by_library = {}
+    for e in result.get_asset_materialization_events():
+        materialization = e.step_materialization_data.materialization
+        shown = metadata_of(materialization)
+        assert materialization.partition == key_of(shown["library_id"])
+        by_library[shown["library_id"]] = shown
+    tiny = by_library[small]
     assert tiny["library"] == "Shorts (movie)"
     assert tiny["media_server"] == "Basement Plex (plex)"
     assert tiny["trait/genres"] == "insufficient: 4 contributing items, need 5"
@@ -165,7 +171,7 @@ def test_small_library_says_why_every_trait_is_held_back(
     assert set(traits) == {"genres", "rating", "primary_studio", "original_language", "identity"}
     assert all(t["status"] == "insufficient" and t["held_back"] for t in traits.values())
 
-    full = by_partition[str(big)]
+    full = by_library[big]
     assert {
         "distribution/rating",
         "distribution/genres",
@@ -198,10 +204,10 @@ def test_refresh_evaluations_target_the_partition_materialization(
     result = refresh(conn, db_url, instance)
     [evaluation] = result.get_asset_check_evaluations()
     latest = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=profile_defs.PROFILE_ASSET, asset_partitions=[str(lib)]),
+        dg.AssetRecordsFilter(asset_key=profile_defs.PROFILE_ASSET, asset_partitions=[key_of(lib)]),
         limit=1,
     ).records[0]
-    assert evaluation.passed and evaluation.partition == str(lib)
+    assert evaluation.passed and evaluation.partition == key_of(lib)
     assert evaluation.target_materialization_data is not None
     assert evaluation.target_materialization_data.storage_id == latest.storage_id
 
@@ -211,39 +217,157 @@ def test_backfill_runs_the_check_step_against_the_new_materialization(
 ) -> None:
     lib = f.library(conn)
     f.items(conn, lib, 6)
-    instance.add_dynamic_partitions(PARTITIONS, [str(lib)])
+    instance.add_dynamic_partitions(PARTITIONS, [key_of(lib)])
     result = dg.materialize(
         [profile_defs.library_profile, profile_defs.library_profile_current],
-        partition_key=str(lib),
+        partition_key=key_of(lib),
         instance=instance,
         resources={"inventory_db": InventoryDatabase(url=db_url)},
     )
     skipped = [e for e in result.all_events if e.event_type_value == "STEP_SKIPPED"]
     assert skipped == []
     [evaluation] = result.get_asset_check_evaluations()
-    assert evaluation.passed and evaluation.partition == str(lib)
+    assert evaluation.passed and evaluation.partition == key_of(lib)
     assert evaluation.target_materialization_data is not None
-    assert [m.partition for m in result.asset_materializations_for_node("library_profile")] == [
-        str(lib)
-    ]
+    latest = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=profile_defs.PROFILE_ASSET, asset_partitions=[key_of(lib)]),
+        limit=1,
+    ).records[0]
+    assert evaluation.target_materialization_data.storage_id == latest.storage_id
+    assert {m.partition for m in result.asset_materializations_for_node("library_profile")} == {
+        key_of(lib)
+    }
 
 
 def test_failed_check_says_why(conn: Connection, db_url: str) -> None:
     lib = f.library(conn)
     f.items(conn, lib, 6)
-    result = profile_defs.profile_current_result(InventoryDatabase(url=db_url), lib)
+    low = lib - lib % profile_defs.PARTITION_WIDTH
+    result = profile_defs.range_current_result(InventoryDatabase(url=db_url), low)
     assert not result.passed
-    assert result.description == "inventory revision 1 not yet acknowledged (acknowledged 0)"
+    assert result.description == (
+        f"library {lib}: inventory revision 1 not yet acknowledged (acknowledged 0)"
+    )
+
+
+def test_partition_keys_are_ranges_of_library_ids() -> None:
+    width = profile_defs.PARTITION_WIDTH
+    assert width == 10
+    assert [key_of(i) for i in (0, 9, 10, 12345, 1_234_567)] == [
+        "000000-000009",
+        "000000-000009",
+        "000010-000019",
+        "012340-012349",
+        "1234560-1234569",
+    ]
+    assert profile_defs.range_low("012340-012349") == 12340
+    # Only the keys the sensor writes: no other width, padding, order or text.
+    for key in ("12340-12349", "012341-012350", "012340-012340", "012340", "Films", "-", ""):
+        assert profile_defs.range_low(key) is None, key
+
+
+def two_libraries_in_one_range(conn: Connection) -> tuple[int, int]:
+    """Two libraries whose ids share a partition (ids are consecutive within a test)."""
+    srv = f.server(conn)
+    first = f.library(conn, srv, name="first")
+    while key_of(first + 1) != key_of(first):
+        first = f.library(conn, srv, name="first")
+    second = f.library(conn, srv, name="second")
+    assert key_of(second) == key_of(first)
+    return first, second
+
+
+def test_backfill_of_a_range_refreshes_each_library_and_lists_them(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    first, second = two_libraries_in_one_range(conn)
+    f.items(conn, first, 6)
+    f.items(conn, second, 3, seed=2)
+    key = key_of(first)
+    instance.add_dynamic_partitions(PARTITIONS, [key])
+    db = InventoryDatabase(url=db_url)
+    result = dg.materialize(
+        [profile_defs.library_profile, profile_defs.library_profile_current],
+        partition_key=key,
+        instance=instance,
+        resources={"inventory_db": db},
+    )
+    assert result.success
+    # Each library through the outbox, as its own request.
+    for lib in (first, second):
+        [request] = f.requests(conn, lib)
+        assert (request["reason"], request["status"]) == ("analyst_backfill", "succeeded")
+    shown = [metadata_of(m) for m in result.asset_materializations_for_node("library_profile")]
+    assert sorted(m["library_id"] for m in shown if "library_id" in m) == [first, second]
+    # The partition's latest materialization lists its libraries.
+    latest = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=profile_defs.PROFILE_ASSET, asset_partitions=[key]),
+        limit=1,
+    ).records[0]
+    event = latest.asset_materialization
+    assert event is not None
+    summary = metadata_of(event)
+    assert [r.data["library_id"] for r in summary["libraries"].records] == [first, second]
+    assert summary["library_ids"] == f"{first}, {second}"
+    [evaluation] = result.get_asset_check_evaluations()
+    assert evaluation.passed and evaluation.partition == key
+    # The check is the worst of the range: one library moving on fails the partition.
+    f.items(conn, second, 1, seed=8)
+    stale = profile_defs.range_current_result(db, first - first % profile_defs.PARTITION_WIDTH)
+    assert not stale.passed
+    assert stale.description is not None and stale.description.startswith(f"library {second}:")
+    assert (stale.metadata["libraries"].value, stale.metadata["current"].value) == (2, 1)
+
+
+def test_run_config_refreshes_one_library_of_a_range(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    first, second = two_libraries_in_one_range(conn)
+    f.items(conn, first, 6)
+    f.items(conn, second, 6)
+    instance.add_dynamic_partitions(PARTITIONS, [key_of(first)])
+    db = InventoryDatabase(url=db_url)
+    config = {"ops": {"library_profile": {"config": {"libraries": [second]}}}}
+    result = dg.materialize(
+        [profile_defs.library_profile],
+        partition_key=key_of(first),
+        instance=instance,
+        resources={"inventory_db": db},
+        run_config=config,
+    )
+    assert result.success
+    assert f.requests(conn, first) == []
+    assert [r["status"] for r in f.requests(conn, second)] == ["succeeded"]
+    # The partition's check still reads every library of it: the other is behind.
+    [evaluation] = result.get_asset_check_evaluations()
+    assert not evaluation.passed and evaluation.description is not None
+    assert evaluation.description.startswith(f"library {first}:")
+    # A library outside the run's partitions is refused before any work.
+    elsewhere = f.library(conn, name="elsewhere")
+    while key_of(elsewhere) == key_of(first):
+        elsewhere = f.library(conn, name="elsewhere")
+    refused = dg.materialize(
+        [profile_defs.library_profile],
+        partition_key=key_of(first),
+        instance=instance,
+        resources={"inventory_db": db},
+        run_config={"ops": {"library_profile": {"config": {"libraries": [elsewhere]}}}},
+        raise_on_error=False,
+    )
+    assert not refused.success
+    assert f.requests(conn, elsewhere) == []
 
 
 def test_stalled_library_fails_its_check_without_a_run_or_a_claim(
     conn: Connection, db_url: str, instance: dg.DagsterInstance
 ) -> None:
-    srv = f.server(conn)
-    stalled, fresh = f.library(conn, srv, name="stalled"), f.library(conn, srv, name="fresh")
-    f.items(conn, stalled, 6)
-    f.items(conn, fresh, 6)
-    instance.add_dynamic_partitions(PARTITIONS, [str(stalled), str(fresh)])
+    stalled, fresh = two_libraries_in_one_range(conn)
+    elsewhere = f.library(conn, name="elsewhere")
+    while key_of(elsewhere) == key_of(stalled):
+        elsewhere = f.library(conn, name="elsewhere")
+    for lib in (stalled, fresh, elsewhere):
+        f.items(conn, lib, 6)
+    instance.add_dynamic_partitions(PARTITIONS, [key_of(stalled), key_of(elsewhere)])
     execute(
         conn,
         "UPDATE library_inventory_state SET dirty_since = now() - interval '2 hours'"
@@ -253,11 +377,14 @@ def test_stalled_library_fails_its_check_without_a_run_or_a_claim(
     sensor = profile_defs.library_profile_staleness_sensor
     result = tick(sensor, instance, db_url, None)
     assert isinstance(result, dg.SensorResult)
+    # The stalled library's partition turns red; its fresh neighbour does not hide it.
     [evaluation] = result.asset_events
     assert isinstance(evaluation, dg.AssetCheckEvaluation)
-    assert (evaluation.partition, evaluation.passed) == (str(stalled), False)
+    assert (evaluation.partition, evaluation.passed) == (key_of(stalled), False)
     assert evaluation.description is not None
-    assert evaluation.description.startswith("stalled: inventory revision 1 waiting 120 min")
+    assert evaluation.description.startswith(
+        f"stalled: library {stalled} inventory revision 1 waiting 120 min"
+    )
     assert leases(conn) == {"running": 0, "leased": 0, "requests": 0}
     assert instance.get_runs_count() == 0
     # Reported once per stalled revision; a new revision is reported again.
@@ -266,17 +393,29 @@ def test_stalled_library_fails_its_check_without_a_run_or_a_claim(
     f.items(conn, stalled, 1, seed=9)
     moved = tick(sensor, instance, db_url, result.cursor)
     assert isinstance(moved, dg.SensorResult)
-    assert [e.partition for e in moved.asset_events] == [str(stalled)]
+    assert [e.partition for e in moved.asset_events] == [key_of(stalled)]
+
+
+LIBRARY = "INSERT INTO libraries (id, server_id, name, media_kind) VALUES (%s, %s, %s, 'movie')"
 
 
 def test_partition_sync_reads_the_key_sets_only_when_they_changed(
     conn: Connection, db_url: str, instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A tick in step reads neither key set; new libraries are added without a diff; a
-    deleted library, a key added by hand and the periodic full diff still converge."""
+    """A tick in step reads neither key set; new libraries add their ranges without a
+    diff; a range whose last library is deleted, a key added by hand and the periodic
+    full diff still converge."""
     sensor = profile_defs.library_profile_sensor
     srv = f.server(conn)
-    libs = [f.library(conn, srv, name=str(i)) for i in range(3)]
+
+    def add_library(library_id: int) -> int:
+        execute(conn, LIBRARY, (library_id, srv, str(library_id)))
+        return library_id
+
+    # Ids of our choosing, above any the sequence handed out: two ranges.
+    a, b, c = add_library(100_001), add_library(100_007), add_library(100_012)
+    ranges = [key_of(a), key_of(c)]
+    assert ranges == ["100000-100009", "100010-100019"]
     reads: list[str] = []
     read_keys = instance.get_dynamic_partitions
 
@@ -309,37 +448,78 @@ def test_partition_sync_reads_the_key_sets_only_when_they_changed(
         return added, deleted, context.cursor
 
     added, deleted, cursor = sync(None)
-    assert (added, deleted, len(reads)) == ([str(i) for i in libs], [], 1)
+    assert (added, deleted, len(reads)) == (ranges, [], 1)
     # In step: no key set is read, nothing is requested.
     added, deleted, cursor = sync(cursor)
     assert (added, deleted, len(reads)) == ([], [], 1)
-    # A new library: its key alone is added, still without reading the key sets.
-    new = f.library(conn, srv, name="new")
+    # A new library in the last range: nothing to add, no key set read.
+    add_library(100_015)
     added, deleted, cursor = sync(cursor)
-    assert (added, deleted, len(reads)) == ([str(new)], [], 1)
+    assert (added, deleted, len(reads)) == ([], [], 1)
+    # New libraries in a new range: its key alone is added, still without a diff.
+    new = add_library(100_023)
+    add_library(100_024)
+    added, deleted, cursor = sync(cursor)
+    assert (added, deleted, len(reads)) == ([key_of(new)], [], 1)
     assert sync(cursor)[:2] == ([], [])
-    # A deleted library: diffed and removed; the tick after diffs once more, then not.
-    execute(conn, "DELETE FROM libraries WHERE id = %s", (libs[0],))
+    # A library deleted (any SQL) while its range holds another: the range stays.
+    execute(conn, "DELETE FROM libraries WHERE id = %s", (a,))
     added, deleted, cursor = sync(cursor)
-    assert (added, deleted, len(reads)) == ([], [str(libs[0])], 2)
+    assert (added, deleted, len(reads)) == ([], [], 2)
+    # The range's last library deleted: its partition goes on the next tick; the tick
+    # after diffs once more, then not.
+    execute(conn, "DELETE FROM libraries WHERE id = %s", (b,))
+    added, deleted, cursor = sync(cursor)
+    assert (added, deleted, len(reads)) == ([], [key_of(b)], 3)
     added, deleted, cursor = sync(cursor)
     added, deleted, cursor = sync(cursor)
-    assert (added, deleted, len(reads)) == ([], [], 3)
+    assert (added, deleted, len(reads)) == ([], [], 4)
     # A key added by hand moves the newest key: diffed and removed.
     instance.add_dynamic_partitions(PARTITIONS, ["Films"])
     added, deleted, cursor = sync(cursor)
     assert (added, deleted) == ([], ["Films"])
     added, deleted, cursor = sync(cursor)  # after a deletion: one more diff
-    # A library key deleted by hand shows in no cheap signal: the periodic full diff
+    # A range key deleted by hand shows in no cheap signal: the periodic full diff
     # restores it.
-    instance.delete_dynamic_partition(PARTITIONS, str(libs[1]))
+    instance.delete_dynamic_partition(PARTITIONS, key_of(c))
     before = len(reads)
     added, deleted, cursor = sync(cursor)
     assert (added, deleted, len(reads)) == ([], [], before)
     assert cursor is not None
     stale = {**json.loads(cursor), "synced_at": 0}
     added, deleted, cursor = sync(json.dumps(stale))
-    assert (added, deleted) == ([str(libs[1])], [])
-    assert sorted(instance.get_dynamic_partitions(PARTITIONS), key=int) == [
-        str(i) for i in (*libs[1:], new)
-    ]
+    assert (added, deleted) == ([key_of(c)], [])
+    assert sorted(instance.get_dynamic_partitions(PARTITIONS)) == [key_of(c), key_of(new)]
+
+
+def test_keys_of_one_partition_per_library_are_replaced_on_the_first_tick(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    """A deployment that kept one key per library: the first tick after the upgrade
+    diffs, although its cursor says the library set did not change."""
+    srv = f.server(conn)
+    libs = [f.library(conn, srv, name=str(i)) for i in range(3)]
+    instance.add_dynamic_partitions(PARTITIONS, [str(lib) for lib in libs])
+    fingerprint = service.library_fingerprint(conn)
+    cursor = json.dumps(
+        {
+            "runs": 0,
+            "libraries": fingerprint.token,
+            "count": fingerprint.libraries,
+            "max_id": fingerprint.max_id,
+            "newest": str(libs[-1]),
+            "synced_at": 4e9,
+        }
+    )
+    result = tick(profile_defs.library_profile_sensor, instance, db_url, cursor)
+    assert isinstance(result, dg.SensorResult)
+    requests = result.dynamic_partitions_requests or []
+    added, deleted = [], []
+    for request in requests:
+        keys = list(request.partition_keys or [])
+        if isinstance(request, dg.AddDynamicPartitionsRequest):
+            added += keys
+        else:
+            deleted += keys
+    assert sorted(added) == sorted({key_of(lib) for lib in libs})
+    assert sorted(deleted) == sorted(str(lib) for lib in libs)
