@@ -12,7 +12,7 @@ import dagster as dg
 
 # Filtered before defs/* is imported, where these definitions are built; each filter
 # names one category and message exactly, so any other Beta/Preview warning still shows.
-# A partitioned check is the one way to keep a status per library partition.
+# A partitioned check is the one way to keep a status per partition (a range of library ids).
 warnings.filterwarnings(
     "ignore",
     message=r"Specifying a partitions_def on an AssetCheckSpec is currently in preview",
