@@ -33,7 +33,7 @@ from typing import Any
 from bench.common import Figure, Mode, Size, over_runs, plot, scratch_database, server_url
 from bench.orchestration import daemon
 from inventory_pipeline.db import Connection, DatabaseError, connect, execute, fetch_all, fetch_one
-from inventory_pipeline.defs.profiles import PARTITIONS_NAME
+from inventory_pipeline.defs.profiles import PARTITIONS_NAME, partition_of
 
 GOAL = 100.0  # libraries/s sustained at 100k
 
@@ -94,6 +94,8 @@ def load(url: str, libraries: int) -> None:
 
 
 def wait_for_partitions(storage_url: str, libraries: int, limit: float) -> None:
+    """Until the daemon has a partition for every range that holds one of the libraries."""
+    wanted = len({partition_of(i) for i in range(1, libraries + 1)})
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         try:
@@ -101,10 +103,10 @@ def wait_for_partitions(storage_url: str, libraries: int, limit: float) -> None:
                 row = fetch_one(dagster_db, PARTITIONS, (PARTITIONS_NAME,))
         except DatabaseError:  # the daemon has not created its tables yet
             row = None
-        if row is not None and row["n"] >= libraries:
+        if row is not None and row["n"] >= wanted:
             return
         time.sleep(1)
-    raise RuntimeError(f"the daemon did not add {libraries} partitions within {limit:.0f} s")
+    raise RuntimeError(f"the daemon did not add {wanted} partitions within {limit:.0f} s")
 
 
 def rate_between(samples: list[tuple[float, int]], total: int, lo: float, hi: float) -> float:
@@ -287,7 +289,8 @@ def cost(admin_url: str, libraries: int) -> dict[str, float]:
         ):
             load(url, libraries)
             instance.add_dynamic_partitions(
-                profile_defs.PARTITIONS_NAME, [str(i) for i in range(1, libraries + 1)]
+                profile_defs.PARTITIONS_NAME,
+                sorted({profile_defs.partition_of(i) for i in range(1, libraries + 1)}),
             )
             db = InventoryDatabase(url=url, run_claims=libraries)
             for label in ("profile path alone", "refresh op with its Dagster events"):
