@@ -26,7 +26,7 @@ from chaos.config import (
     WAKEUP_SPACING_SECONDS,
 )
 from inventory_pipeline.credentials import service as credentials
-from inventory_pipeline.db import Connection, connect, execute
+from inventory_pipeline.db import Connection, DatabaseUnavailable, connect, execute
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.profiles.generator import generate_profile
 from inventory_pipeline.provider.models import FetchResult
@@ -36,6 +36,8 @@ from inventory_pipeline.stats import maintenance, processors
 from inventory_pipeline.stats import service as stats_service
 
 IDLE_SECONDS = 0.2
+# The longest a worker waits between restarts of a loop that keeps failing at once.
+MAX_RESTART_PAUSE_SECONDS = 3.2
 PLANNER_TICK_SECONDS = 1.0
 Step = Callable[[Connection], bool]  # True when the step found work
 
@@ -207,18 +209,32 @@ def application_name(role: str, pid: int) -> str:
     return f"chaos.{role}.{pid}"
 
 
+def restart_pause(unreachable: int) -> float:
+    """How long a worker waits before restarting its loop after `unreachable` failures
+    in a row to reach the server: doubling from IDLE_SECONDS up to
+    MAX_RESTART_PAUSE_SECONDS, as a supervisor backs off, so a server that is down for a
+    while (a restart under load) costs each worker a few error lines. Any other error
+    restarts after IDLE_SECONDS, so a loop failing on a live server still shows at its
+    full rate against the harness's error bound."""
+    return min(IDLE_SECONDS * 2 ** max(unreachable - 1, 0), MAX_RESTART_PAUSE_SECONDS)
+
+
 def main(argv: list[str]) -> int:
     role, db_url, provider_url = argv
     step = role_step(role, provider_url)
+    unreachable = 0
     while True:
         try:
             with connect(db_url, application_name=application_name(role, os.getpid())) as conn:
                 while True:
-                    if not step(conn):
+                    stepped = step(conn)
+                    unreachable = 0
+                    if not stepped:
                         time.sleep(IDLE_SECONDS)
         except Exception as exc:  # a crashed loop restarts, as under a supervisor
             print(error_line(role, exc), file=sys.stderr, flush=True)
-            time.sleep(IDLE_SECONDS)
+            unreachable = unreachable + 1 if isinstance(exc, DatabaseUnavailable) else 0
+            time.sleep(restart_pause(unreachable))
 
 
 if __name__ == "__main__":

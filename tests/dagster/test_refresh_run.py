@@ -41,6 +41,11 @@ def storage_db(server_url: str) -> Iterator[str]:
             drop_database(admin, name)
 
 
+def ranges_of(libs: list[int]) -> list[str]:
+    """The partition keys that hold the libraries."""
+    return sorted({profile_defs.partition_of(lib) for lib in libs})
+
+
 def dirty_libraries(conn: Connection, count: int) -> list[int]:
     srv = f.server(conn)
     libs = [f.library(conn, srv, name=f"lib {i}") for i in range(count)]
@@ -56,7 +61,7 @@ def test_one_run_drains_a_backlog_larger_than_one_plan(
     rest itself when it runs out of claims, instead of leaving them for later ticks."""
     libs = dirty_libraries(conn, 60)
     db = InventoryDatabase(url=db_url, planner_passes=1)
-    instance.add_dynamic_partitions(PARTITIONS, [str(lib) for lib in libs])
+    instance.add_dynamic_partitions(PARTITIONS, ranges_of(libs))
     assert len(service.plan(conn, db.policy()).inventory) == 25  # what one tick queues
     result = profile_defs.library_profile_refresh.execute_in_process(
         instance=instance, resources={"inventory_db": db}
@@ -66,7 +71,7 @@ def test_one_run_drains_a_backlog_larger_than_one_plan(
     states = [f.state(conn, lib) for lib in libs]
     assert all(s["acknowledged_revision"] == s["revision"] for s in states)
     done = instance.get_materialized_partitions(profile_defs.PROFILE_ASSET)
-    assert done == {str(lib) for lib in libs}
+    assert done == set(ranges_of(libs))
 
 
 def test_run_stops_at_its_claim_budget_even_with_work_left(
@@ -74,7 +79,7 @@ def test_run_stops_at_its_claim_budget_even_with_work_left(
 ) -> None:
     libs = dirty_libraries(conn, 30)
     db = InventoryDatabase(url=db_url, planner_passes=1, run_claims=10)
-    instance.add_dynamic_partitions(PARTITIONS, [str(lib) for lib in libs])
+    instance.add_dynamic_partitions(PARTITIONS, ranges_of(libs))
     result = profile_defs.library_profile_refresh.execute_in_process(
         instance=instance, resources={"inventory_db": db}
     )
@@ -91,19 +96,21 @@ def test_one_lookup_names_each_partitions_latest_materialization(
 ) -> None:
     """The batched lookup agrees with the one-partition lookup, also for a partition
     whose latest materialization lies beyond the newest records of the others."""
-    instance.add_dynamic_partitions(PARTITIONS, ["1", "2", "3"])
+    first, second, never = (profile_defs.range_key(low) for low in (0, 10, 20))
+    instance.add_dynamic_partitions(PARTITIONS, [first, second, never])
 
     def materialize(key: str) -> None:
         instance.report_runless_asset_event(
             dg.AssetMaterialization(asset_key=profile_defs.PROFILE_ASSET, partition=key)
         )
 
-    materialize("2")
-    for _ in range(6):
-        materialize("1")
-    found = profile_defs.target_materializations(instance, ["1", "2", "3"])
-    assert set(found) == {"1", "2"}  # "3" was never materialized
-    for key in ("1", "2"):
+    materialize(second)
+    # More records of `first` than the batched read takes for three partitions.
+    for _ in range((profile_defs.PARTITION_WIDTH + 1) * 3 + 1):
+        materialize(first)
+    found = profile_defs.target_materializations(instance, [first, second, never])
+    assert set(found) == {first, second}  # `never` was never materialized
+    for key in (first, second):
         alone = profile_defs.target_materialization(instance, key)
         assert alone is not None
         assert found[key].storage_id == alone.storage_id
@@ -134,7 +141,7 @@ def test_run_does_not_open_a_storage_connection_per_event(
         """Backends started for Dagster's storage by one run of `libraries` libraries."""
         libs = dirty_libraries(conn, libraries)
         with dg.instance_for_test(overrides={"storage": storage}) as instance:
-            instance.add_dynamic_partitions(PARTITIONS, [str(lib) for lib in libs])
+            instance.add_dynamic_partitions(PARTITIONS, ranges_of(libs))
             before = sessions()
             result = profile_defs.library_profile_refresh.execute_in_process(
                 instance=instance, resources={"inventory_db": InventoryDatabase(url=db_url)}
