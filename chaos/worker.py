@@ -216,7 +216,7 @@ def restart_pause(unreachable: int) -> float:
     while (a restart under load) costs each worker a few error lines. Any other error
     restarts after IDLE_SECONDS, so a loop failing on a live server still shows at its
     full rate against the harness's error bound."""
-    return min(IDLE_SECONDS * 2 ** max(unreachable - 1, 0), MAX_RESTART_PAUSE_SECONDS)
+    return min(IDLE_SECONDS * 2.0 ** max(unreachable - 1, 0), MAX_RESTART_PAUSE_SECONDS)
 
 
 def main(argv: list[str]) -> int:
