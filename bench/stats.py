@@ -25,6 +25,7 @@ from inventory_pipeline.db import (
 )
 from inventory_pipeline.stats import maintenance_repository as mrepo
 from inventory_pipeline.stats import processors
+from inventory_pipeline.stats import repository as repo
 from inventory_pipeline.stats import rollover as stats_rollover
 
 SEED_COMPUTE_MS = 43_853.488
@@ -159,8 +160,7 @@ def rollover_day(admin_url: str, users: int, sessions: int) -> tuple[float, floa
             )
             for user in ids:  # generation 1 of every user with its window, built whole
                 with transaction(conn):
-                    mrepo.rollover_window(conn, user, 1)
-                    mrepo.schedule_rollover(conn, user, 1)
+                    repo.publish_pr_window(conn, user, 1)
             execute(conn, ANALYZE_LOADED)
         with connect(url) as conn:
             _midnight(conn, today + timedelta(days=1))

@@ -113,18 +113,6 @@ def roll_one(
     return None if row is None else (row["roll_due_at"], row["roll_user_id"], row["roll_outcome"])
 
 
-def rollover_window(conn: Connection, user_id: UUID, generation: int) -> int:
-    """Move the generation's window to the database date; returns the dates built."""
-    row = fetch_one(
-        conn, QUERIES["rollover_window"], {"user_id": user_id, "generation": generation}
-    )
-    return 0 if row is None else int(row["built"])
-
-
-def schedule_rollover(conn: Connection, user_id: UUID, generation: int) -> None:
-    execute(conn, QUERIES["schedule_rollover"], {"user_id": user_id, "generation": generation})
-
-
 def rollover_overview(conn: Connection) -> dict[str, Any]:
     row = fetch_one(conn, QUERIES["rollover_overview"])
     return {} if row is None else dict(row)
