@@ -1,5 +1,9 @@
 """`inventory-pipeline` commands.
 
+The parser is the dispatch table: every command and `stats` action names its handler
+with `set_defaults(func=...)`, a function of `(args, settings)` returning the exit
+code, and carries a description and an example for its `--help`.
+
 Errors a user can cause (bad URL, unreachable server, missing Dagster home, unknown
 option) print one line and exit non-zero; they never show a traceback.
 """
@@ -13,9 +17,9 @@ import os
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeAlias
 
 from inventory_pipeline.credentials import service as credentials
 from inventory_pipeline.credentials.models import short
@@ -124,41 +128,207 @@ STATS_SETTING_FLAGS = (
     ("--backoff-seconds", "retry_backoff_seconds", _whole, "retry backoff per attempt"),
 )
 
+Handler: TypeAlias = Callable[[argparse.Namespace, Settings], int]
+Subparsers: TypeAlias = "argparse._SubParsersAction[_Parser]"
 
-def _stats_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
-    stats = sub.add_parser("stats", help="operate the training stats worker (the runbook)")
-    actions = stats.add_subparsers(dest="stats_command", required=True, parser_class=_Parser)
-    settings = actions.add_parser("settings", help="show or change the worker's budgets")
+
+def _examples(examples: Sequence[str]) -> str:
+    heading = "Example:" if len(examples) == 1 else "Examples:"
+    return "\n".join([heading, *(f"  {PROG} {example}" for example in examples)])
+
+
+def _command(
+    sub: Subparsers,
+    name: str,
+    summary: str,
+    description: str,
+    examples: Sequence[str],
+    handler: Handler | None,
+) -> _Parser:
+    """One entry of the dispatch table: `summary` in the command list, `description` and
+    `examples` in the command's own --help, `handler` what `main` calls for it."""
+    parser = sub.add_parser(
+        name,
+        help=summary,
+        description=description,
+        epilog=_examples(examples),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    if handler is not None:
+        parser.set_defaults(func=handler)
+    return parser
+
+
+def _stats_parser(sub: Subparsers) -> None:
+    stats = _command(
+        sub,
+        "stats",
+        "operate the training stats worker (the runbook)",
+        "Operate the training stats worker: show or change its budgets, stop and restart\n"
+        "its claims, retry a job that exhausted its attempts, or process queued work once\n"
+        "without Dagster. Each action has its own --help.",
+        ["stats settings", "stats pause"],
+        None,
+    )
+    actions = stats.add_subparsers(
+        dest="stats_command", required=True, parser_class=_Parser, metavar="ACTION"
+    )
+    settings = _command(
+        actions,
+        "settings",
+        "show or change the worker's budgets",
+        "Print the stats worker's settings row: statement budgets, lease, cap of active\n"
+        "leases, attempts, retry backoff and the pause switch. With any flag, change those\n"
+        "settings first; the table's checks refuse an inconsistent set (publish below 8 s,\n"
+        "the lease covering compute + publish) in one line, changing nothing.",
+        ["stats settings", "stats settings --compute-seconds 2.5 --lease-seconds 60"],
+        _stats_settings,
+    )
     for flag, dest, kind, text in STATS_SETTING_FLAGS:
-        settings.add_argument(flag, dest=dest, type=kind, help=text)
-    actions.add_parser("pause", help="stop claiming (work in flight finishes; nothing is lost)")
-    actions.add_parser("resume", help="claim again after a pause")
-    retry = actions.add_parser("retry", help="retry a job that exhausted its attempts")
+        metavar = "SECONDS" if kind is _seconds_ms else "N"
+        settings.add_argument(flag, dest=dest, type=kind, metavar=metavar, help=text)
+    _command(
+        actions,
+        "pause",
+        "stop claiming (work in flight finishes; nothing is lost)",
+        "Stop the stats worker from claiming: no claim starts (the drain sensor skips, a\n"
+        "running drain ends at its next claim) while work in flight finishes. Pending jobs\n"
+        "and owed ranges stay queued; `stats resume` picks them up.",
+        ["stats pause"],
+        _stats_pause,
+    )
+    _command(
+        actions,
+        "resume",
+        "claim again after a pause",
+        "Let the stats worker claim again after `stats pause`.",
+        ["stats resume"],
+        _stats_resume,
+    )
+    retry = _command(
+        actions,
+        "retry",
+        "retry a job that exhausted its attempts",
+        "Send the range of a job that exhausted its attempts through the queue again as a\n"
+        "new job, and print its id. Refused in one line for an unknown job, a job that did\n"
+        "not fail, or one already retried.",
+        ["stats retry 42"],
+        _stats_retry,
+    )
     retry.add_argument("job_id", type=_count, help="the failed job's id")
-    drain = actions.add_parser("drain", help="claim, compute and publish once, without Dagster")
+    drain = _command(
+        actions,
+        "drain",
+        "claim, compute and publish once, without Dagster",
+        "Claim, compute and publish queued stats work in this process, without Dagster,\n"
+        "until no work is claimable or --rounds claims are spent. Exits 1 when a job\n"
+        "failed.",
+        ["stats drain", "stats drain --rounds 10"],
+        _stats_drain,
+    )
     drain.add_argument("--rounds", type=_count, default=50, help="claims to process")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Keep library profiles fresh from PostgreSQL.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    dev = sub.add_parser("dev", help="run Dagster (webserver + daemon) on the database")
+    parser = _Parser(
+        prog=PROG,
+        description="Keep library profiles, provider observations and training stats fresh\n"
+        "from PostgreSQL. Each command has its own --help.",
+        epilog=_examples(["dev --demo", "refresh --limit 100", "stats --help"]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(
+        dest="command", required=True, parser_class=_Parser, metavar="COMMAND"
+    )
+    dev = _command(
+        sub,
+        "dev",
+        "run Dagster (webserver + daemon) on the database",
+        "Run the Dagster webserver and daemon on the application database. Without\n"
+        "INVENTORY_DATABASE_URL an embedded PostgreSQL is started in the data folder. The\n"
+        "databases are created and migrated first. Ctrl-C (or SIGTERM, SIGHUP) stops\n"
+        "everything it started. One `dev` runs per data folder and Dagster home.",
+        ["dev --demo", "dev --port 3001"],
+        _dev,
+    )
     dev.add_argument("--demo", action="store_true", help="load the demo inventory first")
     dev.add_argument("--host", default="127.0.0.1", help="webserver address (default loopback)")
     dev.add_argument("--port", type=_port, default=3000, help="webserver port (default 3000)")
-    sub.add_parser("migrate", help="apply pending migrations")
-    sub.add_parser("status", help="show the refresh queues")
-    sub.add_parser("demo", help="load the demo inventory into an empty database")
-    refresh = sub.add_parser("refresh", help="plan and process refresh work once, without Dagster")
-    refresh.add_argument("--limit", type=_count, default=100, help="claims to process")
-    observe = sub.add_parser("observe", help="observe due items against TMDb once")
-    observe.add_argument("--limit", type=_count, default=500, help="items to observe")
-    sub.add_parser(
-        "mark-dirty",
-        help="mark every library dirty (after a restore or replication apply that ran"
-        " without triggers)",
+    _command(
+        sub,
+        "migrate",
+        "apply pending migrations",
+        "Create the application and Dagster databases when missing and apply pending\n"
+        "migrations. Only `dev` and `migrate` migrate: every other command refuses a\n"
+        "database whose schema is behind.",
+        ["migrate"],
+        _migrate,
     )
-    key = sub.add_parser("tmdb-key", help="save the TMDb API key, read from standard input")
+    _command(
+        sub,
+        "status",
+        "show the queues, recovery cases and stats freshness",
+        "Print what the database holds now: dirty libraries and refresh requests, the TMDb\n"
+        "key, items due for observation, admission pauses, open recovery cases, the key\n"
+        "generation and its released cases, the stats queue, freshness and PR overview\n"
+        "rollover.",
+        ["status"],
+        _status,
+    )
+    _command(
+        sub,
+        "demo",
+        "load the demo inventory into an empty database",
+        "Load the demo inventory into a migrated database that holds no media server yet;\n"
+        "a database that already holds an inventory is left as it is.",
+        ["demo"],
+        _demo,
+    )
+    refresh = _command(
+        sub,
+        "refresh",
+        "plan and process refresh work once, without Dagster",
+        "Plan refresh requests for dirty libraries, then claim and process up to --limit\n"
+        "of them in this process, without Dagster, and print the outcomes. Exits 1 when a\n"
+        "request failed.",
+        ["refresh", "refresh --limit 100"],
+        _refresh,
+    )
+    refresh.add_argument("--limit", type=_count, default=100, help="claims to process")
+    observe = _command(
+        sub,
+        "observe",
+        "observe due items against TMDb once",
+        "Observe up to --limit items due for observation against TMDb, without Dagster.\n"
+        "Every failure opens or updates the item's recovery case; a warning for each new\n"
+        "case goes to standard error as it commits.",
+        ["observe", "observe --limit 500"],
+        _observe,
+    )
+    observe.add_argument("--limit", type=_count, default=500, help="items to observe")
+    _command(
+        sub,
+        "mark-dirty",
+        "mark every library dirty (after writes that fired no trigger)",
+        "Advance every library's revision once so that the planner refreshes them all.\n"
+        "Run it after writes that fired no trigger: a restore with triggers disabled or a\n"
+        "logical-replication apply (session_replication_role = replica).",
+        ["mark-dirty"],
+        _mark_dirty,
+    )
+    key = _command(
+        sub,
+        "tmdb-key",
+        "save the TMDb API key, read from standard input",
+        "Save the TMDb API key, read from standard input (a prompt on a terminal), never\n"
+        "from the command line, which other users can read. Dagster's credential wakeup\n"
+        "verifies a new key once before it releases the cases waiting for it.",
+        [
+            "tmdb-key --language en-US",
+            "tmdb-key --inactive < key.txt",
+        ],
+        _tmdb_key,
+    )
     key.add_argument("--language", type=_language, help="TMDb language, e.g. en-US")
     key.add_argument("--inactive", action="store_true", help="save it but keep it inactive")
     _stats_parser(sub)
@@ -247,13 +417,13 @@ def _dev(args: argparse.Namespace, settings: Settings) -> int:
         return 0
 
 
-def _migrate(settings: Settings) -> int:
+def _migrate(args: argparse.Namespace, settings: Settings) -> int:
     with provision(settings):
         print(f"{PROG}: database is up to date")
     return 0
 
 
-def _demo(settings: Settings) -> int:
+def _demo(args: argparse.Namespace, settings: Settings) -> int:
     with reach(settings) as deployment, connect(deployment.app_url) as conn:
         created = load_demo(conn)
     print(
@@ -264,7 +434,7 @@ def _demo(settings: Settings) -> int:
     return 0
 
 
-def _status(settings: Settings) -> int:
+def _status(args: argparse.Namespace, settings: Settings) -> int:
     with reach(settings) as deployment, connect(deployment.app_url) as conn:
         overview = service.queue_overview(conn)
         due = recovery.due_items(conn)
@@ -358,7 +528,7 @@ def _tmdb_key(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _mark_dirty(settings: Settings) -> int:
+def _mark_dirty(args: argparse.Namespace, settings: Settings) -> int:
     with reach(settings) as deployment, connect(deployment.app_url) as conn:
         marked = service.mark_all_dirty(conn)
     print(f"{PROG}: {marked} libraries marked dirty; the planner queues their refresh")
@@ -386,59 +556,59 @@ def _print_settings(current: WorkerSettings) -> None:
     )
 
 
-def _stats(args: argparse.Namespace, settings: Settings) -> int:
+def _stats_settings(args: argparse.Namespace, settings: Settings) -> int:
     with reach(settings) as deployment, connect(deployment.app_url) as conn:
-        try:
-            if args.stats_command == "settings":
-                changes = {dest: getattr(args, dest) for _, dest, _, _ in STATS_SETTING_FLAGS}
-                if any(value is not None for value in changes.values()):
-                    stats_runbook.change_settings(conn, changes)
-                _print_settings(stats_runbook.settings(conn))
-            elif args.stats_command == "pause":
-                stats_runbook.pause(conn)
-                print(f"{PROG}: stats worker paused: no claim starts; work in flight finishes")
-            elif args.stats_command == "resume":
-                stats_runbook.resume(conn)
-                print(f"{PROG}: stats worker resumed")
-            elif args.stats_command == "retry":
-                retried = stats_runbook.retry(conn, args.job_id)
-                print(f"{PROG}: job {retried.job_id} retried as job {retried.successor_id}")
-            else:
-                summary = stats.drain(conn, "cli", max_rounds=args.rounds)
-                print(
-                    f"published {len(summary.published)} generations, "
-                    f"{summary.deferred} deferred, {summary.rejected} rejected, "
-                    f"{summary.failed} failed"
-                    + ("; the worker is paused" if stats.work_waiting(conn).paused else "")
-                )
-                return 0 if summary.failed == 0 else 1
-        except stats_runbook.RunbookError as exc:
-            raise CliError(str(exc)) from None
+        changes = {dest: getattr(args, dest) for _, dest, _, _ in STATS_SETTING_FLAGS}
+        if any(value is not None for value in changes.values()):
+            stats_runbook.change_settings(conn, changes)
+        _print_settings(stats_runbook.settings(conn))
     return 0
 
 
+def _stats_pause(args: argparse.Namespace, settings: Settings) -> int:
+    with reach(settings) as deployment, connect(deployment.app_url) as conn:
+        stats_runbook.pause(conn)
+    print(f"{PROG}: stats worker paused: no claim starts; work in flight finishes")
+    return 0
+
+
+def _stats_resume(args: argparse.Namespace, settings: Settings) -> int:
+    with reach(settings) as deployment, connect(deployment.app_url) as conn:
+        stats_runbook.resume(conn)
+    print(f"{PROG}: stats worker resumed")
+    return 0
+
+
+def _stats_retry(args: argparse.Namespace, settings: Settings) -> int:
+    with reach(settings) as deployment, connect(deployment.app_url) as conn:
+        retried = stats_runbook.retry(conn, args.job_id)
+    print(f"{PROG}: job {retried.job_id} retried as job {retried.successor_id}")
+    return 0
+
+
+def _stats_drain(args: argparse.Namespace, settings: Settings) -> int:
+    with reach(settings) as deployment, connect(deployment.app_url) as conn:
+        summary = stats.drain(conn, "cli", max_rounds=args.rounds)
+        paused = stats.work_waiting(conn).paused
+    print(
+        f"published {len(summary.published)} generations, "
+        f"{summary.deferred} deferred, {summary.rejected} rejected, "
+        f"{summary.failed} failed" + ("; the worker is paused" if paused else "")
+    )
+    return 0 if summary.failed == 0 else 1
+
+
+# Refusals a user can cause: one line on standard error, exit 1.
+USER_ERRORS = (SettingsError, DatabaseError, CliError, SupervisorError, stats_runbook.RunbookError)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Parse, read the settings, then call the handler the chosen (sub)command set."""
     args = _parser().parse_args(argv)
+    handler: Handler = args.func
     try:
-        settings = Settings.from_env()
-        if args.command == "dev":
-            return _dev(args, settings)
-        if args.command == "migrate":
-            return _migrate(settings)
-        if args.command == "demo":
-            return _demo(settings)
-        if args.command == "status":
-            return _status(settings)
-        if args.command == "observe":
-            return _observe(args, settings)
-        if args.command == "tmdb-key":
-            return _tmdb_key(args, settings)
-        if args.command == "mark-dirty":
-            return _mark_dirty(settings)
-        if args.command == "stats":
-            return _stats(args, settings)
-        return _refresh(args, settings)
-    except (SettingsError, DatabaseError, CliError, SupervisorError) as exc:
+        return handler(args, Settings.from_env())
+    except USER_ERRORS as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"{PROG}: error: {message}", file=sys.stderr)
         return 1

@@ -68,7 +68,7 @@ DAGSTER_YAML = "dagster.yaml"
 
 
 def packaged(name: str) -> bytes:
-    """A file the package ships (dagster.yaml, workspace.yaml, migrations/...)."""
+    """A file the package ships (dagster.yaml, migrations/...)."""
     return resources.files("inventory_pipeline").joinpath(name).read_bytes()
 
 

@@ -9,9 +9,10 @@ import sys
 import zipfile
 from pathlib import Path
 
+from inventory_pipeline import __version__
 from inventory_pipeline.db.migrator import discover
 
-SHIPPED = ("dagster.yaml", "workspace.yaml")
+SHIPPED = ("dagster.yaml",)
 SOURCES = ("pyproject.toml", "README.md", "inventory_pipeline", "migrations", *SHIPPED)
 
 
@@ -43,6 +44,7 @@ def test_wheel_ships_the_repository_files(repo_root: Path, tmp_path: Path) -> No
     )
     assert built.returncode == 0, built.stderr
     (wheel,) = tmp_path.glob("inventory_pipeline-*.whl")
+    assert wheel.name.startswith(f"inventory_pipeline-{__version__}-")  # the one version
     with zipfile.ZipFile(wheel) as archive:
         inside = {name.removeprefix("inventory_pipeline/"): name for name in archive.namelist()}
         shipped = {
