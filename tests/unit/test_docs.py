@@ -14,8 +14,8 @@ PACKAGE = ROOT / "inventory_pipeline"
 DOCS = ROOT / "docs"
 # Applied migrations are history (their bytes are checksummed): they keep their wording.
 HISTORY = PACKAGE / "migrations"
-# Where code links into docs/.
-LINKING = (PACKAGE, ROOT / "chaos", ROOT / "bench")
+# Where code (and the README) links into docs/.
+LINKING = (PACKAGE, ROOT / "chaos", ROOT / "bench", ROOT / "README.md")
 TEXT_SUFFIXES = {".py", ".sql", ".yaml", ".yml", ".toml", ".md", ".txt", ".cfg", ".ini"}
 
 # A design-document section, a decision code or an issue number: references a reader
@@ -27,7 +27,10 @@ FENCE = re.compile(r"^\s*(```|~~~)")
 
 
 def text_files(top: Path, skip: Path | None = None) -> list[Path]:
-    """Text files under `top`, without descending into `skip` (even through a symlink)."""
+    """Text files under `top` (or `top` itself), without descending into `skip` (even
+    through a symlink)."""
+    if top.is_file():
+        return [top]
     found = []
     for path in sorted(top.rglob("*")):
         if skip is not None and (path == skip or skip in path.parents):
