@@ -1,5 +1,5 @@
 -- Every statement of verified credential wakeups (docs/credentials.md).
--- Lock order in every transaction: provider_settings (share) -> credential_wakeups ->
+-- Lock order in every transaction (docs/credentials.md#lock-order): provider_settings (share) -> credential_wakeups ->
 -- each item's library (key share) -> media_server_items rows (SKIP LOCKED). lock_timeout
 -- is one second.
 
