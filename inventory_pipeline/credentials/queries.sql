@@ -1,7 +1,7 @@
 -- Every statement of verified credential wakeups (docs/credentials.md).
--- Lock order in every transaction (docs/credentials.md#lock-order): provider_settings (share) -> credential_wakeups ->
--- each item's library (key share) -> media_server_items rows (SKIP LOCKED). lock_timeout
--- is one second.
+-- Lock order in every transaction (docs/credentials.md#lock-order): provider_settings
+-- (share) -> credential_wakeups -> each item's library (key share) -> media_server_items
+-- rows (SKIP LOCKED). lock_timeout is one second.
 
 -- name: set_lock_timeout
 SET LOCAL lock_timeout = '1s';

@@ -1,6 +1,6 @@
 -- Every statement of the inventory-driven profile refresh (docs/profiles.md).
--- Lock order everywhere (docs/profiles.md#lock-order): the libraries row (FOR KEY SHARE), then its
--- library_inventory_state row, then profile_refresh_requests rows, libraries in id
+-- Lock order everywhere (docs/profiles.md#lock-order): the libraries row (FOR KEY SHARE),
+-- then its library_inventory_state row, then profile_refresh_requests rows, libraries in id
 -- order. Deleting a library locks its row first and then cascades into state, requests
 -- and profiles; the key-share lock is also what the foreign-key check of an insert
 -- takes. Taking it before anything else of the library means a statement either holds
