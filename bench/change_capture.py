@@ -1,4 +1,4 @@
-"""Change capture cost on a 100k-item sync (seed 000 / issue 2 goals).
+"""Change capture cost on a 100k-item sync (docs/profiles.md#change-capture; BENCHMARKS.md).
 
 Same statements, same server, same run, four ways: triggers disabled (baseline), the
 project's statement-level capture, a no-op trigger that only declares transition

@@ -1,4 +1,4 @@
-"""Profile capability at 1k, 10k and 100k libraries (issue goal S1): the profile
+"""Profile capability at 1k, 10k and 100k libraries (BENCHMARKS.md, S1): the profile
 sensor's tick, idle and while a whole-population backlog drains.
 
 The tick is the sensor's own evaluation (plan + partition sync + claimable count +

@@ -1,4 +1,4 @@
-"""Stats at scale (issue goals S6 and S7).
+"""Stats at scale (BENCHMARKS.md, S6 and S7).
 
 S7: the midnight PR-window rollover of a whole population under the real Dagster daemon
 (the rollover sensor and its runs, the drain sensor and its runs, the queue limits of

@@ -1,8 +1,8 @@
-"""The seed's incident account through the stats worker: 658 sessions, 296 exercises.
+"""A production incident's account through the stats worker: 658 sessions, 296 exercises.
 
 Compute and publish times are the worker's own (user_stats_projection_runs), measured
-against the seed's production figures for the same account (compute 43,853 ms, publish
-1,985 ms) and the issue's goals (compute <= 2 s, publish <= 0.5 s on this machine).
+against the figures production reported for that account (compute 43,853 ms, publish
+1,985 ms) and the goals (compute <= 2 s, publish <= 0.5 s on this machine).
 """
 
 from __future__ import annotations
@@ -311,7 +311,7 @@ def incident(admin_url: str, smoke: bool) -> list[Figure]:
             f"stats incident account compute ({label})",
             compute_ms,
             " ms",
-            f"goal <= 2000 ms; the seed's production account took 43,853 ms on other"
+            f"goal <= 2000 ms; the production account took 43,853 ms on other"
             f" hardware and data ({SEED_COMPUTE_MS / compute_ms:.0f}x this figure)",
             None if smoke else compute_ms <= 2000,
         ),
@@ -319,7 +319,7 @@ def incident(admin_url: str, smoke: bool) -> list[Figure]:
             "stats incident account publish",
             publish_ms,
             " ms",
-            f"goal <= 500 ms; the seed's production account took 1,985 ms on other"
+            f"goal <= 500 ms; the production account took 1,985 ms on other"
             f" hardware and data ({SEED_PUBLISH_MS / publish_ms:.0f}x this figure)",
             None if smoke else publish_ms <= 500,
         ),

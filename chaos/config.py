@@ -29,7 +29,8 @@ RETRY_POLICY = RetryPolicy(
     refresh_seconds=30 * 86400,  # a success is not re-observed during the run
 )
 
-# seed 001 D08's one budget source, shortened; the lease still covers both budgets and
+# The one settings row's budgets (docs/training-stats.md#settings), shortened; the lease
+# still covers both budgets and
 # attempts are plentiful so that kills alone never exhaust a job.
 STATS_SETTINGS = {
     "claim_budget_ms": 2000,
@@ -44,8 +45,8 @@ STATS_SETTINGS = {
 API_KEY = "chaos-key-0b1d2c3e4f"
 WRONG_KEY = "chaos-wrong-key-9a8b7c"
 
-# -- credential wakeups (seed 004) ----------------------------------------------------
-# The batch limit stays the seed's 100 (the check is that no batch exceeds it); the
+# -- credential wakeups (docs/credentials.md) -------------------------------------------
+# The batch limit stays the product's 100 (the check is that no batch exceeds it); the
 # spacing (60 s) and the failed-probe backoff (15 min to 6 h) are shortened so several
 # batches and re-probes happen within a run.
 WAKEUP_RELEASE_LIMIT = 100
@@ -58,7 +59,7 @@ AUTH_BACKLOG_AT = 0.5
 # The chaos begins once the setup's backlog went out in two batches (one spacing after
 # the first verification), or after this long.
 WAKEUP_WARMUP_SECONDS = 30
-# The release jitter (1-60 s, fixed in SQL by the seed) is the longest legitimate wait
+# The release jitter (1-60 s, fixed in SQL by `release_batch`) is the longest legitimate wait
 # of a released case.
 RELEASE_JITTER_SECONDS = 60
 

@@ -22,8 +22,8 @@ ACTIVE_LIBRARIES = (
 
 
 # An authentication case in a library of another media kind (an item moved there) is
-# never woken by a verified key (seed 004 releases only cases in a library of their
-# kind): it waits out its ordinary cooldown, a day or more.
+# never woken by a verified key (docs/credentials.md#release: only cases in a library of
+# their kind): it waits out its ordinary cooldown, a day or more.
 AUTH_CASE_WAITS = (
     "(i.recovery_category = 'auth' AND i.provider_kind IS DISTINCT FROM"
     " (SELECT l.media_kind FROM libraries l WHERE l.id = i.library_id))"
@@ -43,7 +43,8 @@ def outstanding(conn: Connection) -> dict[str, int]:
             "SELECT 1 FROM library_inventory_state s WHERE s.library_id IN"
             f" ({ACTIVE_LIBRARIES}) AND s.acknowledged_revision < s.revision",
         ),
-        # Pending work of an inactive library waits for it by design (seed 000).
+        # Pending work of an inactive library waits for it by design
+        # (docs/profiles.md#claim-and-lease).
         "open profile requests": _count(
             conn,
             "SELECT 1 FROM profile_refresh_requests WHERE status IN ('pending', 'running')"
@@ -274,11 +275,11 @@ def no_attempt_burned_unworked(conn: Connection) -> list[str]:
 
 
 def wakeups(conn: Connection, limit: int, spacing_seconds: float) -> list[str]:
-    """seed 004 from the audit trail: each verification made by the probe lease's
-    holder while the lease was live, for the generation the lease and the settings name;
-    each release of a generation verified before it; at most `limit` releases per
-    batch; a batch no sooner than `spacing_seconds` after the previous batch began; one
-    receipt per item per generation."""
+    """docs/credentials.md#invariants from the audit trail: each verification made by the
+    probe lease's holder while the lease was live, for the generation the lease and the
+    settings name; each release of a generation verified before it; at most `limit`
+    releases per batch; a batch no sooner than `spacing_seconds` after the previous batch
+    began; one receipt per item per generation."""
     out = [
         f"generation {str(r['generation'])[:8]}: verified {r['why']}"
         for r in fetch_all(

@@ -1,3 +1,3 @@
-"""Verified credential wakeups for TMDb authentication recovery (seed 004)."""
+"""Verified credential wakeups for TMDb authentication recovery (docs/credentials.md)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Frozen values of verified credential wakeups (seed 004)."""
+"""Frozen values of verified credential wakeups (docs/credentials.md)."""
 
 from __future__ import annotations
 

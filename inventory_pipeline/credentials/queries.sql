@@ -1,7 +1,7 @@
--- Every statement of verified credential wakeups (seed 004).
--- Lock order in every transaction: provider_settings (share) -> credential_wakeups ->
--- each item's library (key share) -> media_server_items rows (SKIP LOCKED). lock_timeout
--- is one second.
+-- Every statement of verified credential wakeups (docs/credentials.md).
+-- Lock order in every transaction (docs/credentials.md#lock-order): provider_settings
+-- (share) -> credential_wakeups -> each item's library (key share) -> media_server_items
+-- rows (SKIP LOCKED). lock_timeout is one second.
 
 -- name: set_lock_timeout
 SET LOCAL lock_timeout = '1s';
@@ -114,7 +114,8 @@ WHERE w.provider = b.provider
 RETURNING b.current;
 
 -- name: release_batch
--- seed 004: release at most `limit` valid open authentication cases that predate the
+-- docs/credentials.md#release.
+-- Release at most `limit` valid open authentication cases that predate the
 -- verification, scanning an indexed keyset from the cursor. Each release records the
 -- generation receipt, a 1-60 s retry jitter and clears the attempt-admission clock; the
 -- diagnostic record, attempts, identity and metadata stay. Locked rows are skipped and

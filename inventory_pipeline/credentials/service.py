@@ -1,4 +1,4 @@
-"""Every state transition of verified credential wakeups (seed 004).
+"""Every state transition of verified credential wakeups (docs/credentials.md).
 
 claim probe (settings share lock -> wakeup row, one-minute lease) -> probe the fixed
 configuration endpoint with no transaction open -> complete (same configuration,
@@ -54,7 +54,8 @@ def status(
     return repository.status(conn, release_spacing_seconds)
 
 
-# The failed-probe backoff as (start, cap) seconds: the seed's 15 minutes to six hours.
+# The failed-probe backoff as (start, cap) seconds: 15 minutes to six hours
+# (docs/credentials.md#backoff).
 # Callers other than the product's job (the convergence harness) pass shorter clocks.
 BACKOFF = (BACKOFF_MIN_SECONDS, BACKOFF_MAX_SECONDS)
 

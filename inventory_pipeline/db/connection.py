@@ -1,7 +1,7 @@
 """Connections, transactions and error translation (the only psycopg user besides db/).
 
 Connections run in autocommit; `transaction()` opens a real transaction, so the caller
-owns transaction boundaries (seed 000: capture, planning and completion each commit on
+owns transaction boundaries (capture, planning and completion each commit on
 their own).
 """
 

@@ -1,3 +1,3 @@
-"""Inventory-driven library profile refresh (seed 000)."""
+"""Inventory-driven library profile refresh (docs/profiles.md)."""
 
 from __future__ import annotations

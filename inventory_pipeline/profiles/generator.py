@@ -1,8 +1,9 @@
 """Profile generation from the observation projection, with its coverage contract.
 
-seed 000 keeps generation unchanged: per trait the distribution plus its coverage
+Per trait the distribution plus its coverage
 (contributors / item count). A trait is published only where coverage >= 0.5 and at
-least five items contribute; otherwise it is recorded as insufficient, never guessed.
+least five items contribute; otherwise it is recorded as insufficient, never guessed
+(docs/profiles.md#coverage-contract).
 """
 
 from __future__ import annotations

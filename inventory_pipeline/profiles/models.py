@@ -1,4 +1,4 @@
-"""Frozen values of the profile refresh capability (seed 000)."""
+"""Frozen values of the profile refresh capability (docs/profiles.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from uuid import UUID
 
 RequestKind = Literal["learning", "native", "inventory_change"]
 
-# seed 000: "fixed server-owned source/reason identifiers" (the migration's CHECK
+# Fixed server-owned source/reason identifiers, never caller input (the migration's CHECK
 # admits exactly these for inventory work).
 INVENTORY_SOURCE = "inventory_revision"
 INVENTORY_REASON = "inventory_changed"
@@ -19,7 +19,7 @@ NATIVE_REASON = "profile_age"
 LEARNING_SOURCE = "learning"
 LEARNING_REASON = "learning_update"
 
-# seed 000: "select the oldest 25 candidates".
+# A planner pass takes the oldest 25 dirty candidates (docs/profiles.md#planning).
 PLANNER_BATCH = 25
 
 

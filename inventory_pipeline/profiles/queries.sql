@@ -1,6 +1,6 @@
--- Every statement of the inventory-driven profile refresh (seed 000).
--- Lock order everywhere: the libraries row (FOR KEY SHARE), then its
--- library_inventory_state row, then profile_refresh_requests rows, libraries in id
+-- Every statement of the inventory-driven profile refresh (docs/profiles.md).
+-- Lock order everywhere (docs/profiles.md#lock-order): the libraries row (FOR KEY SHARE),
+-- then its library_inventory_state row, then profile_refresh_requests rows, libraries in id
 -- order. Deleting a library locks its row first and then cascades into state, requests
 -- and profiles; the key-share lock is also what the foreign-key check of an insert
 -- takes. Taking it before anything else of the library means a statement either holds
@@ -30,7 +30,8 @@ WHERE r.id = expired.id
 RETURNING r.id, r.library_id, r.status;
 
 -- name: plan_inventory_requests
--- seed 000: select the oldest 25 dirty active-library candidates, then lock them in
+-- docs/profiles.md#planning.
+-- Select the oldest 25 dirty active-library candidates, then lock them in
 -- library-id order with SKIP LOCKED, and queue one inventory_change request each at
 -- the revision seen under the lock. Libraries with active work, or whose latest
 -- terminal request failed within the circuit probe interval, wait. Each row locks its
@@ -249,7 +250,8 @@ CROSS JOIN LATERAL (SELECT (inventory_observation_of(i)).*) AS o
 WHERE i.library_id = %(library_id)s;
 
 -- name: complete_claim
--- seed 000: complete the claim and acknowledge exactly its requested revision in one
+-- docs/profiles.md#completion-fence, docs/profiles.md#acknowledged-revision.
+-- Complete the claim and acknowledge exactly its requested revision in one
 -- statement, with GREATEST so a late claim cannot move acknowledgement backwards. A
 -- lost claim (other token, expired lease, not running) matches no row and changes
 -- nothing. The library (key share) and then its state row are locked first (lock

@@ -1,4 +1,4 @@
-"""Every state transition of the profile refresh (seed 000): plan, claim, generate,
+"""Every state transition of the profile refresh (docs/profiles.md): plan, claim, generate,
 complete-and-acknowledge, fail, backfill, compact.
 
 Functions take a connection in autocommit mode; each statement commits on its own
@@ -53,11 +53,11 @@ class BackfillError(Exception):
 def plan(conn: Connection, policy: RefreshPolicy) -> Plan:
     """One scheduler tick: recover expired leases, then queue dirty and native work.
 
-    Each planner pass is its own transaction bounded to 25 libraries (seed 000); a
-    tick runs passes until one finds fewer than 25 candidates, at most
-    `policy.planner_passes`. Each pass continues the walk of the dirty index where the
-    previous one stopped, so a tick walks a backlog of libraries that already have
-    active work once, not once per pass. A library passed over that becomes a
+    Each planner pass is its own transaction bounded to 25 libraries
+    (docs/profiles.md#planning); a tick runs passes until one finds fewer than 25
+    candidates, at most `policy.planner_passes`. Each pass continues the walk of the
+    dirty index where the previous one stopped, so a tick walks a backlog of libraries
+    that already have active work once, not once per pass. A library passed over that becomes a
     candidate during the tick is planned by the next tick.
     """
     expired = repository.expire_leases(conn, policy)
@@ -94,7 +94,8 @@ def observe(conn: Connection, library_id: int) -> Observation:
     """The library's projection and its revision, read in one snapshot.
 
     The claim committed before this read, so the observation includes at least the
-    claimed revision (seed 000); later writes show up as a larger revision.
+    claimed revision (docs/profiles.md#acknowledged-revision); later writes show up as a
+    larger revision.
     """
     with snapshot(conn):
         revision = repository.read_revision(conn, library_id)
@@ -140,8 +141,9 @@ def process(
 ) -> Completion:
     """Generate the claimed library's profile and complete the claim.
 
-    Generation runs even when the stored profile is young (seed 000). An empty library
-    completes with the guarded profile deletion and is acknowledged. A failure records
+    Generation runs even when the stored profile is young: an inventory change is
+    refreshed whatever the profile's age (docs/profiles.md#acknowledged-revision). An
+    empty library completes with the guarded profile deletion and is acknowledged. A failure records
     a retry (or the terminal failure on the last attempt) for this claim alone; a lost
     claim changes nothing. A request for a revision the library never reached (written
     by hand) cannot be acknowledged: it fails at once.

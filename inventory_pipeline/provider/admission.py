@@ -1,5 +1,5 @@
 """The shared admission limiter: a rate shared by every process and machine through one
-PostgreSQL row (issue 3: default 40 requests/s, acquired before each request, never
+PostgreSQL row (default 40 requests/s, acquired before each request, never
 held during I/O).
 
 `acquire` reserves the next slot in one autocommit statement and sleeps until it; a

@@ -1,4 +1,5 @@
--- The shared admission limiter (seed 003 / issue 3): one PostgreSQL row per provider.
+-- The shared admission limiter (docs/provider-recovery.md#admission-limiter): one
+-- PostgreSQL row per provider.
 
 -- name: reserve
 -- Reserve the next admission slot if it falls within the horizon and the bucket is not

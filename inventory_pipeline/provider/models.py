@@ -1,4 +1,4 @@
-"""Frozen values of provider observation (seed 003).
+"""Frozen values of provider observation (docs/provider-recovery.md).
 
 Only these reach the rest of the program: a validated observation or a failure with an
 allowlisted category and a bounded delay. No raw body, header, URL or key.
@@ -12,7 +12,7 @@ from typing import Literal
 
 ProviderKind = Literal["movie", "tv"]
 
-# seed 003: allowlisted failure categories.
+# The allowlisted failure categories (docs/provider-recovery.md#categories).
 Category = Literal[
     "not_found", "auth", "throttled", "transient", "invalid_response", "configuration"
 ]

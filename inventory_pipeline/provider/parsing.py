@@ -137,7 +137,7 @@ def tmdb_status_code(raw: bytes) -> int | None:
 
 def is_configuration(raw: bytes) -> bool:
     """A TMDb `/3/configuration` body with the fields a working key returns: HTTP
-    success alone is not proof (seed 004)."""
+    success alone is not proof (docs/credentials.md#probe)."""
     try:
         body = _load(raw)
     except InvalidResponse:

@@ -99,7 +99,8 @@ def status_cause(status: int) -> str:
 
 
 def classify(status: int, raw: bytes, retry_after: int | None) -> Failure:
-    """seed 003 categories from the HTTP status and TMDb's own error code."""
+    """The allowlisted categories (docs/provider-recovery.md#categories) from the HTTP
+    status and TMDb's own error code."""
     code = tmdb_status_code(raw)
     cause = status_cause(status)
     if status == 404 or code in NOT_FOUND_CODES:

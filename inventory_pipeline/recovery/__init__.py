@@ -1,3 +1,4 @@
-"""Provider observation and durable, item-scoped recovery against TMDb (seed 003)."""
+"""Provider observation and durable, item-scoped recovery against TMDb
+(docs/provider-recovery.md)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Frozen values of provider observation and recovery (seed 003)."""
+"""Frozen values of provider observation and recovery (docs/provider-recovery.md)."""
 
 from __future__ import annotations
 

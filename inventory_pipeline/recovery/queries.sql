@@ -1,4 +1,4 @@
--- Every statement of provider observation and recovery (seed 003).
+-- Every statement of provider observation and recovery (docs/provider-recovery.md).
 
 -- name: provider_settings
 SELECT api_key, active, language FROM provider_settings WHERE provider = 'tmdb';
@@ -22,7 +22,8 @@ WHERE i.provider = 'tmdb'
   AND l.active AND m.active AND l.media_kind IN ('movie', 'tv');
 
 -- name: claim_due
--- seed 003: compare-and-set claim before provider I/O, each item under a fresh UUID
+-- docs/provider-recovery.md#claim-and-lease.
+-- Compare-and-set claim before provider I/O, each item under a fresh UUID
 -- and a five-minute lease; SKIP LOCKED so concurrent observers never double-claim.
 -- Each item's library is locked first (key share, the lock order of every statement
 -- that reaches a library's rows): the items of a library being deleted are skipped.
@@ -59,7 +60,8 @@ RETURNING i.id, i.provider_kind, i.provider_id, i.source_generation, i.observati
           i.recovery_case_id, i.recovery_category, i.recovery_attempts, i.recovery_resolved_at;
 
 -- name: complete_observed
--- seed 003: one guarded statement saves the validated observation, resolves an open
+-- docs/provider-recovery.md#completion-fence.
+-- One guarded statement saves the validated observation, resolves an open
 -- case, sets the recheck deadline, releases the lease and counts the attempt. Only the
 -- current lease token and source generation match. The observed original language
 -- flows into the profile projection through the ordinary change capture, which locks
@@ -130,7 +132,8 @@ SELECT item.id, item.observation_due_at,
 FROM item, before;
 
 -- name: complete_failed
--- seed 003: one guarded statement records the failure on the item's one recovery
+-- docs/provider-recovery.md#completion-fence.
+-- One guarded statement records the failure on the item's one recovery
 -- record: a new case (fresh opaque id) when none is open, else the same case with its
 -- attempts counted and its cause updated; the retry deadline; lease release; counters.
 WITH before AS (

@@ -1,4 +1,4 @@
-"""Every state transition of provider observation and recovery (seed 003).
+"""Every state transition of provider observation and recovery (docs/provider-recovery.md).
 
 claim (compare-and-set, fresh UUID, five-minute lease) -> admission -> provider I/O with
 no transaction open -> one guarded completion statement -> warnings after commit.
@@ -32,7 +32,7 @@ from inventory_pipeline.recovery.models import (
 )
 from inventory_pipeline.recovery.policy import RetryPolicy
 
-LEASE_SECONDS = 300  # seed 003: a five-minute attempt lease
+LEASE_SECONDS = 300  # a five-minute attempt lease (docs/provider-recovery.md#claim-and-lease)
 
 
 def due_items(conn: Connection) -> int:
@@ -224,11 +224,11 @@ Level = Literal["warning", "info"]
 
 
 def notice(result: ObservationResult) -> tuple[Level, str] | None:
-    """The message an attempt deserves, if any (seed 003: a warning only on a new case
-    or a changed cause; one informational transition on recovery; a warning when an
-    attempt could not be recorded at all). Allowlisted fields only: item id, case id,
-    category, the provider's cause label ("HTTP 5xx", "timeout"), attempts, next
-    attempt, an exception's class name."""
+    """The message an attempt deserves, if any (docs/provider-recovery.md#warnings: a
+    warning only on a new case or a changed cause; one informational transition on
+    recovery; a warning when an attempt could not be recorded at all). Allowlisted
+    fields only: item id, case id, category, the provider's cause label ("HTTP 5xx",
+    "timeout"), attempts, next attempt, an exception's class name."""
     due = result.next_attempt_at.isoformat(timespec="seconds") if result.next_attempt_at else "-"
     case = str(result.case_id)[:8] if result.case_id else "-"
     cause = f"{result.category}: {result.cause}" if result.cause else str(result.category)
