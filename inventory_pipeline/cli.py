@@ -39,6 +39,7 @@ from inventory_pipeline.settings import (
     TMDB_BASE_URL,
     Settings,
     SettingsError,
+    TmdbSettings,
 )
 from inventory_pipeline.stats import maintenance as stats_maintenance
 from inventory_pipeline.stats import processors as stats
@@ -321,14 +322,10 @@ def _print_notice(level: str, message: str) -> None:
 
 def _observe(args: argparse.Namespace, settings: Settings) -> int:
     with reach(settings) as deployment:
-        summary = recovery.observe_due(
-            deployment.app_url,
-            settings.tmdb_base_url,
-            settings.tmdb_rate,
-            max_items=args.limit,
-            workers=settings.observation_workers,
-            on_notice=_print_notice,  # as each completion commits
+        tmdb = TmdbSettings(
+            settings.tmdb_base_url, settings.tmdb_rate, settings.observation_workers, args.limit
         )
+        summary = recovery.observe_due(deployment.app_url, tmdb, _print_notice)
     print(f"observed {summary.observed} of {len(summary.results)}: {summary.by_category or '-'}")
     return 0
 

@@ -67,21 +67,13 @@ def observe_provider_items(
 ) -> dg.Output[int]:
     """Observe due items, warn on each new case or changed cause, and materialize the
     standing view of open cases as the database holds it after the run."""
-    settings = tmdb.settings()
 
     def report(level: str, message: str) -> None:
         # Logged as soon as its own completion has committed, so a run that fails later
         # has still reported every case it opened.
         (context.log.warning if level == "warning" else context.log.info)(message)
 
-    summary = service.observe_due(
-        inventory_db.url,
-        settings.base_url,
-        settings.rate,
-        max_items=settings.max_items,
-        workers=settings.workers,
-        on_notice=report,
-    )
+    summary = service.observe_due(inventory_db.url, tmdb.settings(), report)
     with inventory_db.connection() as conn:
         ages = service.case_ages(conn)
     metadata: dict[str, dg.RawMetadataValue] = {

@@ -31,6 +31,7 @@ from inventory_pipeline.recovery.models import (
     Transition,
 )
 from inventory_pipeline.recovery.policy import RetryPolicy
+from inventory_pipeline.settings import TmdbSettings
 
 LEASE_SECONDS = 300  # seed 003: a five-minute attempt lease
 OBSERVER = "inventory_pipeline.observer"  # application_name of a run's sessions
@@ -224,38 +225,34 @@ def observe(
 
 def observe_due(
     database_url: str,
-    base_url: str,
-    rate: float,
-    *,
-    max_items: int,
-    workers: int,
+    tmdb: TmdbSettings,
     on_notice: Callable[[Level, str], None],
     policy: RetryPolicy | None = None,
 ) -> ObservationSummary:
     """One observation run, as the CLI and the Dagster job both start it: set the
     admission rate (one limiter shared by every process, so the latest run's rate holds
-    for all), open a TMDb client on `base_url` and `observe` due items with connections
-    of their own to `database_url`. `on_notice` gets each attempt's message (`notice`)
-    as soon as its completion has committed."""
+    for all), open a TMDb client and `observe` up to `tmdb.max_items` due items with
+    `tmdb.workers` sessions of their own to `database_url`. `on_notice` gets each
+    attempt's message (`notice`) as soon as its completion has committed."""
 
     def connect_observer() -> Connection:
         return connect(database_url, application_name=OBSERVER)
 
     with connect_observer() as conn:
-        admission.set_rate(conn, rate)
+        admission.set_rate(conn, tmdb.rate)
 
     def report(result: ObservationResult) -> None:
         message = notice(result)
         if message is not None:
             on_notice(*message)
 
-    with TmdbClient(base_url) as client:
+    with TmdbClient(tmdb.base_url) as client:
         return observe(
             connect_observer,
             client,
             RetryPolicy() if policy is None else policy,
-            max_items=max_items,
-            workers=workers,
+            max_items=tmdb.max_items,
+            workers=tmdb.workers,
             on_result=report,
         )
 

@@ -19,6 +19,7 @@ from inventory_pipeline.provider.tmdb import TmdbClient
 from inventory_pipeline.recovery import repository, service
 from inventory_pipeline.recovery.models import ItemClaim
 from inventory_pipeline.recovery.policy import RetryPolicy
+from inventory_pipeline.settings import TmdbSettings
 from tests import factories as f
 from tests.conftest import TMDB_TEST_KEY
 
@@ -364,9 +365,8 @@ def test_one_run_sets_the_rate_and_tells_each_notice(
         )
         sessions.update(r["application_name"] for r in rows)
 
-    summary = service.observe_due(
-        db_url, standin.url, 25, max_items=10, workers=2, on_notice=on_notice
-    )
+    tmdb = TmdbSettings(standin.url, rate=25, workers=2, max_items=10)
+    summary = service.observe_due(db_url, tmdb, on_notice)
     assert summary.by_category == {"observed": 2, "not_found": 1}
     rate = fetch_one(conn, "SELECT requests_per_second FROM provider_admission")
     assert rate is not None and rate["requests_per_second"] == 25
