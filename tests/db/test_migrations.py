@@ -173,38 +173,45 @@ def test_require_current_reads_and_never_writes(empty_db: str, tmp_path: Path) -
 
 
 def test_shared_conditions_are_inlined_where_they_are_asked(conn: Connection) -> None:
-    """`observation_due` and `recent_refresh_failure` are each one definition that two
-    statements ask. The planner inlines both, so every statement keeps the plan it had
-    with the condition written out in place: no call to either function is left, and
-    the planners still step backwards through each library's terminal requests."""
+    """Each condition migration 0017 defines once is asked by two statements. The planner
+    inlines it, so every statement keeps the plan it had with the condition written out
+    in place: no call to any of them is left, and the planners still step backwards
+    through each library's terminal requests."""
+    import uuid
     from datetime import UTC, datetime
 
+    from inventory_pipeline.credentials import repository as credentials
     from inventory_pipeline.profiles import repository as profiles
     from inventory_pipeline.recovery import repository as recovery
 
+    functions = (
+        "observation_due",
+        "recent_refresh_failure",
+        "credential_probe_allowed",
+        "credential_release_allowed",
+    )
+    circuit = {"circuit_probe_seconds": 7200, "limit": 25, "source": "test", "reason": "test"}
     asked = {
         recovery.QUERIES["due_items"]: {},
         recovery.QUERIES["claim_due"]: {"limit": 32, "lease_seconds": 300},
         profiles.QUERIES["plan_inventory_requests"]: {
+            **circuit,
             "after_since": datetime(1970, 1, 1, tzinfo=UTC),
             "after_id": 0,
-            "limit": 25,
-            "circuit_probe_seconds": 7200,
-            "source": "test",
-            "reason": "test",
         },
-        profiles.QUERIES["plan_native_requests"]: {
-            "limit": 25,
-            "circuit_probe_seconds": 7200,
-            "native_max_age_seconds": 86400,
-            "source": "test",
-            "reason": "test",
+        profiles.QUERIES["plan_native_requests"]: {**circuit, "native_max_age_seconds": 86400},
+        credentials.QUERIES["status"]: {"release_spacing_seconds": 60},
+        credentials.QUERIES["lock_wakeup"]: {"release_spacing_seconds": 60},
+        credentials.QUERIES["claim_probe"]: {
+            "lease_token": uuid.uuid4(),
+            "generation": uuid.uuid4(),
+            "lease_seconds": 60,
         },
     }
     for statement, params in asked.items():
         plan = "\n".join(
             r["QUERY PLAN"] for r in fetch_all(conn, "EXPLAIN VERBOSE " + statement, params)
         )
-        assert "observation_due(" not in plan and "recent_refresh_failure" not in plan, plan
+        assert not [f for f in functions if f + "(" in plan], plan
         if "circuit_probe_seconds" in params:
             assert "Index Scan Backward using profile_refresh_requests_library_terminal" in plan

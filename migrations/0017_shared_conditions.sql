@@ -1,6 +1,7 @@
--- Two conditions that more than one statement asks, each defined once so the
--- statements can never drift apart: when an item is due for observation, and when a
--- library's refresh circuit is open after a failure.
+-- Conditions that more than one statement asks, each defined once so the statements
+-- can never drift apart: when an item is due for observation, when a library's refresh
+-- circuit is open after a failure, when a credential probe may start and when the next
+-- wakeup release batch may run.
 
 -- An item is due for observation when it carries a typed TMDb identity (movie or TV),
 -- its due time has come (never observed, source changed, retry or recheck deadline
@@ -45,8 +46,37 @@ AS $$
       AND latest.finished_at > now() - make_interval(secs => p_probe_seconds)
 $$;
 
+-- A probe of credential generation p_generation may start: no live probe lease, no
+-- provider Retry-After still running, and a failed probe of this same generation has
+-- waited out its backoff (a new generation probes at once). The wakeup status the
+-- sensor reads and the probe claim both ask it.
+CREATE FUNCTION credential_probe_allowed(w credential_wakeups, p_generation uuid)
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT (w.probe_lease_token IS NULL OR w.probe_lease_expires_at <= now())
+       AND (w.throttled_until IS NULL OR w.throttled_until <= now())
+       AND (w.backoff_generation IS DISTINCT FROM p_generation
+            OR w.next_probe_at IS NULL OR w.next_probe_at <= now())
+$$;
+
+-- The next release batch may run: none has run within p_spacing_seconds. The wakeup
+-- status the sensor reads and the batch authorization under the wakeup row's lock
+-- both ask it.
+CREATE FUNCTION credential_release_allowed(
+    w credential_wakeups,
+    p_spacing_seconds double precision
+) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT w.last_release_at IS NULL
+        OR w.last_release_at <= now() - make_interval(secs => p_spacing_seconds)
+$$;
+
 -- Internal to the pipeline, like every function it calls itself.
 REVOKE ALL ON FUNCTION
     observation_due(media_server_items, libraries, media_servers),
-    recent_refresh_failure(bigint, double precision)
+    recent_refresh_failure(bigint, double precision),
+    credential_probe_allowed(credential_wakeups, uuid),
+    credential_release_allowed(credential_wakeups, double precision)
 FROM PUBLIC;
