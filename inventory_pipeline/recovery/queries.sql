@@ -27,9 +27,9 @@ WHERE observation_due(i, l, m);
 -- joined first), so no estimate of the small libraries table (which autovacuum may
 -- never analyze) can turn the claim into reading and sorting every due item.
 -- Returns the source snapshot the completion is bound to.
--- Due means `observation_due` (migration 0017), the count's own definition: inlined,
--- its item terms stay on the index walk and its library terms move into the lateral
--- step, so only the library of a due item is locked.
+-- Due means `observation_due` (migration 0017), the count's own definition. Inlined,
+-- its item terms stay on the walk of the due index and its library terms filter the
+-- lateral library step.
 WITH due AS (
     SELECT i.id
     FROM media_server_items i
