@@ -34,18 +34,16 @@ from inventory_pipeline.deployment import (
     reach,
 )
 from inventory_pipeline.profiles import service
-from inventory_pipeline.provider import admission
 from inventory_pipeline.provider.standin import StandIn
-from inventory_pipeline.provider.tmdb import TmdbClient
 from inventory_pipeline.recovery import service as recovery
-from inventory_pipeline.recovery.models import ObservationResult, ProviderSettings
-from inventory_pipeline.recovery.policy import RetryPolicy
+from inventory_pipeline.recovery.models import ProviderSettings
 from inventory_pipeline.settings import (
     DAGSTER_STORAGE_URL,
     DATABASE_URL,
     TMDB_BASE_URL,
     Settings,
     SettingsError,
+    TmdbSettings,
 )
 from inventory_pipeline.stats import maintenance as stats_maintenance
 from inventory_pipeline.stats import processors as stats
@@ -488,26 +486,16 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _print_notice(result: ObservationResult) -> None:
-    notice = recovery.notice(result)
-    if notice is not None:
-        level, message = notice
-        print(f"{PROG}: {level}: {message}", file=sys.stderr if level == "warning" else sys.stdout)
+def _print_notice(level: str, message: str) -> None:
+    print(f"{PROG}: {level}: {message}", file=sys.stderr if level == "warning" else sys.stdout)
 
 
 def _observe(args: argparse.Namespace, settings: Settings) -> int:
     with reach(settings) as deployment:
-        with connect(deployment.app_url) as conn:
-            admission.set_rate(conn, settings.tmdb_rate)
-        with TmdbClient(settings.tmdb_base_url) as client:
-            summary = recovery.observe(
-                lambda: connect(deployment.app_url),
-                client,
-                RetryPolicy(),
-                max_items=args.limit,
-                workers=settings.observation_workers,
-                on_result=_print_notice,  # as each completion commits
-            )
+        tmdb = TmdbSettings(
+            settings.tmdb_base_url, settings.tmdb_rate, settings.observation_workers, args.limit
+        )
+        summary = recovery.observe_due(deployment.app_url, tmdb, _print_notice)
     print(f"observed {summary.observed} of {len(summary.results)}: {summary.by_category or '-'}")
     return 0
 

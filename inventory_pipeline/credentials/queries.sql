@@ -14,13 +14,8 @@ SELECT s.credential_generation AS generation,
        w.verified_generation = s.credential_generation AS verified,
        (SELECT count(*) FROM media_server_items i
          WHERE i.recovery_category = 'auth' AND i.recovery_resolved_at IS NULL) AS auth_cases,
-       (w.probe_lease_token IS NULL OR w.probe_lease_expires_at <= now())
-         AND (w.throttled_until IS NULL OR w.throttled_until <= now())
-         AND (w.backoff_generation IS DISTINCT FROM s.credential_generation
-              OR w.next_probe_at IS NULL OR w.next_probe_at <= now()) AS probe_allowed,
-       w.last_release_at IS NULL
-         OR w.last_release_at <= now() - make_interval(secs => %(release_spacing_seconds)s)
-         AS release_allowed,
+       credential_probe_allowed(w, s.credential_generation) AS probe_allowed,
+       credential_release_allowed(w, %(release_spacing_seconds)s) AS release_allowed,
        w.throttled_until, w.next_probe_at, w.last_outcome, w.released_total
 FROM provider_settings s
 JOIN credential_wakeups w ON w.provider = s.provider
@@ -38,10 +33,8 @@ FOR SHARE;
 SELECT verified_generation, verified_at, probe_lease_token, probe_lease_expires_at,
        probe_failures, backoff_generation, next_probe_at, throttled_until,
        release_cursor, last_release_at,
-       last_release_at IS NULL
-         OR last_release_at <= now() - make_interval(secs => %(release_spacing_seconds)s)
-         AS release_allowed
-FROM credential_wakeups
+       credential_release_allowed(w, %(release_spacing_seconds)s) AS release_allowed
+FROM credential_wakeups w
 WHERE provider = 'tmdb'
 FOR UPDATE;
 
@@ -59,10 +52,7 @@ WHERE w.provider = 'tmdb'
       WHERE i.recovery_category = 'auth' AND i.recovery_resolved_at IS NULL
   )
   AND w.verified_generation IS DISTINCT FROM %(generation)s
-  AND (w.probe_lease_token IS NULL OR w.probe_lease_expires_at <= now())
-  AND (w.throttled_until IS NULL OR w.throttled_until <= now())
-  AND (w.backoff_generation IS DISTINCT FROM %(generation)s
-       OR w.next_probe_at IS NULL OR w.next_probe_at <= now())
+  AND credential_probe_allowed(w, %(generation)s)
 RETURNING w.probe_failures;
 
 -- name: complete_probe

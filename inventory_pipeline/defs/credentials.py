@@ -15,13 +15,13 @@ from inventory_pipeline.credentials import service
 from inventory_pipeline.credentials.models import WakeupStatus, short
 from inventory_pipeline.db import DatabaseError
 from inventory_pipeline.defs.resources import (
+    QUEUE_TAG,
     InventoryDatabase,
     TmdbResource,
     latest_materialization,
     run_in_flight,
 )
 
-QUEUE_TAG = "inventory_pipeline/queue"
 WAKEUP_QUEUE = "credential_wakeup"
 CREDENTIAL = dg.AssetKey("tmdb_credential")
 KEY_CHECK = "tmdb_key_verified"

@@ -13,21 +13,18 @@ from typing import Any
 
 import dagster as dg
 
-from inventory_pipeline.db import Connection, connect
+from inventory_pipeline.db import Connection
 from inventory_pipeline.defs.resources import (
+    QUEUE_TAG,
     InventoryDatabase,
     TmdbResource,
     latest_materialization,
     run_in_flight,
 )
-from inventory_pipeline.provider import admission
-from inventory_pipeline.provider.tmdb import TmdbClient
 from inventory_pipeline.recovery import service
-from inventory_pipeline.recovery.models import CaseAge, ObservationResult
-from inventory_pipeline.recovery.policy import RetryPolicy
+from inventory_pipeline.recovery.models import CaseAge
 
 OBSERVATIONS = dg.AssetKey("provider_observations")
-QUEUE_TAG = "inventory_pipeline/queue"
 OBSERVATION_QUEUE = "provider_observation"
 OVERDUE_GRACE_SECONDS = 900
 RECOVERY_CHECK = "recovery_cases_on_time"
@@ -70,28 +67,13 @@ def observe_provider_items(
 ) -> dg.Output[int]:
     """Observe due items, warn on each new case or changed cause, and materialize the
     standing view of open cases as the database holds it after the run."""
-    settings = tmdb.settings()
-    with inventory_db.connection() as conn:
-        admission.set_rate(conn, settings.rate)
 
-    def report(result: ObservationResult) -> None:
-        # Warnings only after commit, on a new case or a changed cause; one informational
-        # line per recovery. Each is logged as soon as its own completion has committed,
-        # so a run that fails later has still reported every case it opened.
-        notice = service.notice(result)
-        if notice is not None:
-            level, message = notice
-            (context.log.warning if level == "warning" else context.log.info)(message)
+    def report(level: str, message: str) -> None:
+        # Logged as soon as its own completion has committed, so a run that fails later
+        # has still reported every case it opened.
+        (context.log.warning if level == "warning" else context.log.info)(message)
 
-    with TmdbClient(settings.base_url) as client:
-        summary = service.observe(
-            lambda: connect(inventory_db.url, application_name="inventory_pipeline.observer"),
-            client,
-            RetryPolicy(),
-            max_items=settings.max_items,
-            workers=settings.workers,
-            on_result=report,
-        )
+    summary = service.observe_due(inventory_db.url, tmdb.settings(), report)
     with inventory_db.connection() as conn:
         ages = service.case_ages(conn)
     metadata: dict[str, dg.RawMetadataValue] = {

@@ -35,7 +35,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 from pydantic import Field
 
 from inventory_pipeline.db import Connection
-from inventory_pipeline.defs.resources import InventoryDatabase, runs_waiting
+from inventory_pipeline.defs.resources import QUEUE_TAG, InventoryDatabase, runs_waiting
 from inventory_pipeline.profiles import service
 from inventory_pipeline.profiles.generator import held_back_reason
 from inventory_pipeline.profiles.models import (
@@ -49,7 +49,6 @@ from inventory_pipeline.profiles.models import (
 PARTITIONS_NAME = "inventory_pipeline__library_profile"
 library_partitions = dg.DynamicPartitionsDefinition(name=PARTITIONS_NAME)
 PROFILE_ASSET = dg.AssetKey("library_profile")
-QUEUE_TAG = "inventory_pipeline/queue"
 REFRESH_QUEUE = "profile_refresh"
 CHECK_NAME = "library_profile_current"
 CHECK_KEY = dg.AssetCheckKey(PROFILE_ASSET, CHECK_NAME)

@@ -42,6 +42,9 @@ from inventory_pipeline.settings import (
 )
 
 _POLICY_DEFAULTS = RefreshPolicy()
+# The run tag that dagster.yaml's `tag_concurrency_limits` key on: every job and op of a
+# capability carries it, valued with that capability's queue name.
+QUEUE_TAG = "inventory_pipeline/queue"
 
 
 class InventoryDatabase(dg.ConfigurableResource):  # type: ignore[type-arg]

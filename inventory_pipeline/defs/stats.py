@@ -14,11 +14,10 @@ from typing import Any
 
 import dagster as dg
 
-from inventory_pipeline.defs.resources import InventoryDatabase, run_in_flight
+from inventory_pipeline.defs.resources import QUEUE_TAG, InventoryDatabase, run_in_flight
 from inventory_pipeline.stats import maintenance, processors, runbook
 from inventory_pipeline.stats.models import DrainSummary
 
-QUEUE_TAG = "inventory_pipeline/queue"
 STATS_QUEUE = "stats_drain"
 EXERCISE_STATS = dg.AssetKey("user_exercise_stats")
 PERIOD_STATS = dg.AssetKey("user_training_period_stats")

@@ -14,10 +14,9 @@ import uuid
 import dagster as dg
 import pydantic
 
-from inventory_pipeline.defs.resources import InventoryDatabase, run_in_flight
+from inventory_pipeline.defs.resources import QUEUE_TAG, InventoryDatabase, run_in_flight
 from inventory_pipeline.stats import maintenance, rebuild
 
-QUEUE_TAG = "inventory_pipeline/queue"
 MAINTENANCE_QUEUE = "stats_maintenance"
 
 # Jobs launched every few seconds or minutes: their Dagster run records are execution

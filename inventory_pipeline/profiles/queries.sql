@@ -64,15 +64,7 @@ candidate AS (
     SELECT b.library_id, b.dirty_since
     FROM backlog b
     WHERE NOT EXISTS (
-          SELECT 1
-          FROM (
-              SELECT t.status, t.finished_at FROM profile_refresh_requests t
-              WHERE t.library_id = b.library_id AND t.status IN ('succeeded', 'failed')
-              ORDER BY t.id DESC
-              LIMIT 1
-          ) AS latest
-          WHERE latest.status = 'failed'
-            AND latest.finished_at > now() - make_interval(secs => %(circuit_probe_seconds)s)
+          SELECT FROM recent_refresh_failure(b.library_id, %(circuit_probe_seconds)s)
       )
     ORDER BY b.dirty_since, b.library_id
     LIMIT %(limit)s
@@ -130,17 +122,7 @@ WHERE l.active
       SELECT 1 FROM profile_refresh_requests a
       WHERE a.library_id = l.id AND a.status IN ('pending', 'running')
   )
-  AND NOT EXISTS (
-      SELECT 1
-      FROM (
-          SELECT t.status, t.finished_at FROM profile_refresh_requests t
-          WHERE t.library_id = l.id AND t.status IN ('succeeded', 'failed')
-          ORDER BY t.id DESC
-          LIMIT 1
-      ) AS latest
-      WHERE latest.status = 'failed'
-        AND latest.finished_at > now() - make_interval(secs => %(circuit_probe_seconds)s)
-  )
+  AND NOT EXISTS (SELECT FROM recent_refresh_failure(l.id, %(circuit_probe_seconds)s))
 ORDER BY l.id
 LIMIT %(limit)s
 FOR KEY SHARE OF l SKIP LOCKED

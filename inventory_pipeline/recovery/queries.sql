@@ -9,17 +9,13 @@ SET api_key = %(api_key)s, active = %(active)s, language = %(language)s, updated
 WHERE provider = 'tmdb';
 
 -- name: due_items
--- Items due for observation: never observed or source changed (due now), retry or
--- recheck deadline passed, or lease expired; in an active movie/TV library.
+-- Items due for observation, by the one definition the claim uses too
+-- (`observation_due`, migration 0017).
 SELECT count(*) AS due
 FROM media_server_items i
 JOIN libraries l ON l.id = i.library_id
 JOIN media_servers m ON m.id = l.server_id
-WHERE i.provider = 'tmdb'
-  AND i.provider_kind IN ('movie', 'tv')
-  AND i.observation_due_at <= now()
-  AND (i.observation_lease_token IS NULL OR i.observation_lease_expires_at <= now())
-  AND l.active AND m.active AND l.media_kind IN ('movie', 'tv');
+WHERE observation_due(i, l, m);
 
 -- name: claim_due
 -- docs/provider-recovery.md#claim-and-lease.
@@ -32,21 +28,20 @@ WHERE i.provider = 'tmdb'
 -- joined first), so no estimate of the small libraries table (which autovacuum may
 -- never analyze) can turn the claim into reading and sorting every due item.
 -- Returns the source snapshot the completion is bound to.
+-- Due means `observation_due` (migration 0017), the count's own definition. Inlined,
+-- its item terms stay on the walk of the due index and its library terms filter the
+-- lateral library step.
 WITH due AS (
     SELECT i.id
     FROM media_server_items i
     CROSS JOIN LATERAL (
-        SELECT l.id
+        SELECT l, m
         FROM libraries l
         JOIN media_servers m ON m.id = l.server_id
         WHERE l.id = i.library_id
-          AND l.active AND m.active AND l.media_kind IN ('movie', 'tv')
         FOR KEY SHARE OF l SKIP LOCKED
     ) AS library
-    WHERE i.provider = 'tmdb'
-      AND i.provider_kind IN ('movie', 'tv')
-      AND i.observation_due_at <= now()
-      AND (i.observation_lease_token IS NULL OR i.observation_lease_expires_at <= now())
+    WHERE observation_due(i, library.l, library.m)
     ORDER BY i.observation_due_at, i.id
     LIMIT %(limit)s
     FOR UPDATE OF i SKIP LOCKED

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import replace
 from typing import Literal
 
-from inventory_pipeline.db import Connection, DatabaseUnavailable
+from inventory_pipeline.db import Connection, DatabaseUnavailable, connect
 from inventory_pipeline.provider import admission
 from inventory_pipeline.provider.models import Failure, FetchResult, Observation
 from inventory_pipeline.provider.tmdb import TmdbClient
@@ -31,8 +31,11 @@ from inventory_pipeline.recovery.models import (
     Transition,
 )
 from inventory_pipeline.recovery.policy import RetryPolicy
+from inventory_pipeline.settings import TmdbSettings
 
 LEASE_SECONDS = 300  # a five-minute attempt lease (docs/provider-recovery.md#claim-and-lease)
+OBSERVER = "inventory_pipeline.observer"  # application_name of a run's sessions
+Level = Literal["warning", "info"]
 
 
 def due_items(conn: Connection) -> int:
@@ -220,7 +223,38 @@ def observe(
     return ObservationSummary(tuple(results))
 
 
-Level = Literal["warning", "info"]
+def observe_due(
+    database_url: str,
+    tmdb: TmdbSettings,
+    on_notice: Callable[[Level, str], None],
+    policy: RetryPolicy | None = None,
+) -> ObservationSummary:
+    """One observation run, as the CLI and the Dagster job both start it: set the
+    admission rate (one limiter shared by every process, so the latest run's rate holds
+    for all), open a TMDb client and `observe` up to `tmdb.max_items` due items with
+    `tmdb.workers` sessions of their own to `database_url`. `on_notice` gets each
+    attempt's message (`notice`) as soon as its completion has committed."""
+
+    def connect_observer() -> Connection:
+        return connect(database_url, application_name=OBSERVER)
+
+    with connect_observer() as conn:
+        admission.set_rate(conn, tmdb.rate)
+
+    def report(result: ObservationResult) -> None:
+        message = notice(result)
+        if message is not None:
+            on_notice(*message)
+
+    with TmdbClient(tmdb.base_url) as client:
+        return observe(
+            connect_observer,
+            client,
+            RetryPolicy() if policy is None else policy,
+            max_items=tmdb.max_items,
+            workers=tmdb.workers,
+            on_result=report,
+        )
 
 
 def notice(result: ObservationResult) -> tuple[Level, str] | None:

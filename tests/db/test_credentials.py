@@ -5,10 +5,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from uuid import uuid4
 
 import pytest
 
-from inventory_pipeline.credentials import service
+from inventory_pipeline.credentials import repository, service
 from inventory_pipeline.db import (
     Connection,
     LockNotAvailable,
@@ -377,3 +378,62 @@ def test_release_then_observation_resolves(
     assert summary.resolved == 5
     rows = fetch_all(conn, "SELECT recovery_resolved_at FROM media_server_items")
     assert all(r["recovery_resolved_at"] is not None for r in rows)
+
+
+def test_the_status_and_the_claims_ask_one_condition(conn: Connection) -> None:
+    """The status the sensor reads says a probe may start exactly when the probe claim
+    takes the lease, and a release may run exactly when the batch authorization says so:
+    each pair asks one definition, whichever clock holds the probe or the release back."""
+    save(conn, TMDB_TEST_KEY)
+    f.auth_cases(conn, f.library(conn), 1)
+    current = generation(conn)
+    lease = {"probe_lease_token": uuid4(), "probe_generation": current}
+    probe_states = {
+        "nothing pending": {},
+        "a live lease": {**lease, "probe_lease_expires_at": "1 minute"},
+        "an expired lease": {**lease, "probe_lease_expires_at": "-1 second"},
+        "a Retry-After": {"throttled_until": "1 hour"},
+        "a Retry-After past": {"throttled_until": "-1 second"},
+        "this generation's backoff": {"backoff_generation": current, "next_probe_at": "1 hour"},
+        "its backoff past": {"backoff_generation": current, "next_probe_at": "-1 second"},
+        "another generation's backoff": {"backoff_generation": uuid4(), "next_probe_at": "1 hour"},
+    }
+    allowed = set()
+    for name, state in probe_states.items():
+        set_wakeup(conn, **state)
+        status = service.status(conn)
+        assert status is not None
+        claimed = service.claim_probe(conn) is not None
+        assert status.probe_allowed == claimed, name
+        if claimed:
+            allowed.add(name)
+    assert allowed == {
+        "nothing pending",
+        "an expired lease",
+        "a Retry-After past",
+        "its backoff past",
+        "another generation's backoff",
+    }
+    for last_release, expected in ((None, True), ("-30 seconds", False), ("-2 minutes", True)):
+        set_wakeup(conn, last_release_at=last_release)
+        status = service.status(conn, release_spacing_seconds=60)
+        assert status is not None and status.release_allowed is expected
+        locked = repository.lock_wakeup(conn, 60)
+        assert locked is not None and locked["release_allowed"] is expected
+
+
+def set_wakeup(conn: Connection, **state: object) -> None:
+    """Every probe and release clock cleared, then `state` (a clock as an interval from
+    now, anything else as its value)."""
+    clocks = ("probe_lease_expires_at", "throttled_until", "next_probe_at", "last_release_at")
+    tokens = ("probe_lease_token", "probe_generation", "backoff_generation")
+    values = {column: None for column in (*clocks, *tokens)}
+    values.update(state)
+    execute(
+        conn,
+        "UPDATE credential_wakeups SET"
+        + ",".join(f" {c} = %({c})s" for c in tokens)
+        + ","
+        + ",".join(f" {c} = now() + %({c})s::interval" for c in clocks),
+        values,
+    )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from inventory_pipeline.db import MigrationError, connect, fetch_all, fetch_one
+from inventory_pipeline.db import Connection, MigrationError, connect, fetch_all, fetch_one
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
 from inventory_pipeline.db.migrator import discover, migrate
 
@@ -170,3 +170,48 @@ def test_require_current_reads_and_never_writes(empty_db: str, tmp_path: Path) -
         first.write_text(first.read_text() + "\n-- edited\n")
         with pytest.raises(MigrationError, match="was edited after it was applied"):
             require_current(conn, edited)
+
+
+def test_shared_conditions_are_inlined_where_they_are_asked(conn: Connection) -> None:
+    """Each condition migration 0017 defines once is asked by two statements. The planner
+    inlines it, so every statement keeps the plan it had with the condition written out
+    in place: no call to any of them is left, and the planners still step backwards
+    through each library's terminal requests."""
+    import uuid
+    from datetime import UTC, datetime
+
+    from inventory_pipeline.credentials import repository as credentials
+    from inventory_pipeline.profiles import repository as profiles
+    from inventory_pipeline.recovery import repository as recovery
+
+    functions = (
+        "observation_due",
+        "recent_refresh_failure",
+        "credential_probe_allowed",
+        "credential_release_allowed",
+    )
+    circuit = {"circuit_probe_seconds": 7200, "limit": 25, "source": "test", "reason": "test"}
+    asked = {
+        recovery.QUERIES["due_items"]: {},
+        recovery.QUERIES["claim_due"]: {"limit": 32, "lease_seconds": 300},
+        profiles.QUERIES["plan_inventory_requests"]: {
+            **circuit,
+            "after_since": datetime(1970, 1, 1, tzinfo=UTC),
+            "after_id": 0,
+        },
+        profiles.QUERIES["plan_native_requests"]: {**circuit, "native_max_age_seconds": 86400},
+        credentials.QUERIES["status"]: {"release_spacing_seconds": 60},
+        credentials.QUERIES["lock_wakeup"]: {"release_spacing_seconds": 60},
+        credentials.QUERIES["claim_probe"]: {
+            "lease_token": uuid.uuid4(),
+            "generation": uuid.uuid4(),
+            "lease_seconds": 60,
+        },
+    }
+    for statement, params in asked.items():
+        plan = "\n".join(
+            r["QUERY PLAN"] for r in fetch_all(conn, "EXPLAIN VERBOSE " + statement, params)
+        )
+        assert not [f for f in functions if f + "(" in plan], plan
+        if "circuit_probe_seconds" in params:
+            assert "Index Scan Backward using profile_refresh_requests_library_terminal" in plan

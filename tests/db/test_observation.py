@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from inventory_pipeline.db import Connection, connect, execute, fetch_all
+from inventory_pipeline.db import Connection, connect, execute, fetch_all, fetch_one
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.profiles.models import RefreshPolicy
 from inventory_pipeline.provider.models import Failure
@@ -19,6 +19,7 @@ from inventory_pipeline.provider.tmdb import TmdbClient
 from inventory_pipeline.recovery import repository, service
 from inventory_pipeline.recovery.models import ItemClaim
 from inventory_pipeline.recovery.policy import RetryPolicy
+from inventory_pipeline.settings import TmdbSettings
 from tests import factories as f
 from tests.conftest import TMDB_TEST_KEY
 
@@ -289,3 +290,87 @@ def test_claim_walks_the_due_index_whatever_the_library_estimates(conn: Connecti
         )
     assert "Index Scan using media_server_items_observation_due" in plan, plan
     assert "Sort" not in plan, plan
+
+
+def test_the_count_and_the_claim_agree_item_by_item(conn: Connection) -> None:
+    """The sensor's count and the claim ask one definition of due (`observation_due`):
+    whichever of its terms leaves an item out, the item is neither counted nor claimed."""
+    server = f.server(conn)
+    movies = f.library(conn, server)
+    shows = f.library(conn, server, name="Shows", media_kind="tv")
+    music = f.library(conn, server, name="Music", media_kind="music")
+    idle = f.library(conn, server, name="Idle", active=False)
+    elsewhere = f.library(conn, f.server(conn, name="off", active=False), name="Off")
+
+    def item(
+        library_id: int,
+        provider: str = "tmdb",
+        kind: str = "movie",
+        due_in: timedelta = timedelta(0),
+        lease_for: timedelta | None = None,
+    ) -> int:
+        row = fetch_one(
+            conn,
+            "INSERT INTO media_server_items (library_id, title, provider, provider_kind,"
+            " provider_id) VALUES (%s, 'Title', %s, %s, '603') RETURNING id",
+            (library_id, provider, kind),
+        )
+        assert row is not None
+        execute(  # bookkeeping columns only: no source change resets them
+            conn,
+            "UPDATE media_server_items SET observation_due_at = now() + %(due_in)s,"
+            " observation_lease_token = CASE WHEN %(lease_for)s::interval IS NOT NULL"
+            "   THEN gen_random_uuid() END,"
+            " observation_lease_expires_at = now() + %(lease_for)s::interval"
+            " WHERE id = %(id)s",
+            {"id": row["id"], "due_in": due_in, "lease_for": lease_for},
+        )
+        return int(row["id"])
+
+    due = {
+        item(movies),
+        item(shows, kind="tv"),
+        item(movies, lease_for=timedelta(seconds=-1)),  # an expired lease
+    }
+    for library_id in (music, idle, elsewhere):
+        item(library_id)
+    item(movies, provider="imdb")
+    item(movies, kind="episode")
+    item(movies, due_in=timedelta(hours=1))
+    item(movies, lease_for=timedelta(minutes=5))
+    assert service.due_items(conn) == len(due)
+    with conn.transaction(force_rollback=True):
+        assert {c.item_id for c in service.claim(conn, 100)} == due
+        assert service.due_items(conn) == 0  # claimed items hold live leases
+
+
+def test_one_run_sets_the_rate_and_tells_each_notice(
+    db_url: str, conn: Connection, movies: int, standin: StandIn
+) -> None:
+    """The run the CLI and the Dagster job both start: the admission rate it is given
+    holds for the fleet, its sessions carry the observer's name, and each new case comes
+    back as a (level, message) notice once its completion has committed."""
+    for tmdb_id in (601, 602, 603):
+        f.tmdb_item(conn, movies, tmdb_id)
+    standin.set_available("movie", 602, False)
+    notices: list[tuple[str, str]] = []
+    sessions: set[str] = set()
+
+    def on_notice(level: str, message: str) -> None:
+        notices.append((level, message))
+        rows = fetch_all(
+            conn,
+            "SELECT application_name FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        sessions.update(r["application_name"] for r in rows)
+
+    tmdb = TmdbSettings(standin.url, rate=25, workers=2, max_items=10)
+    summary = service.observe_due(db_url, tmdb, on_notice)
+    assert summary.by_category == {"observed": 2, "not_found": 1}
+    rate = fetch_one(conn, "SELECT requests_per_second FROM provider_admission")
+    assert rate is not None and rate["requests_per_second"] == 25
+    [(level, message)] = notices
+    assert level == "warning" and "recovery case" in message and "opened (not_found" in message
+    assert sessions == {service.OBSERVER}
+    assert service.due_items(conn) == 0
