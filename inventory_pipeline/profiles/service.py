@@ -46,10 +46,6 @@ from inventory_pipeline.profiles.models import (
 Generator = Callable[[pd.DataFrame], dict[str, Any]]
 
 
-class BackfillError(Exception):
-    """The backfill could not refresh every library it was asked for."""
-
-
 def plan(conn: Connection, policy: RefreshPolicy) -> Plan:
     """One scheduler tick: recover expired leases, then queue dirty and native work.
 
