@@ -149,7 +149,7 @@ def completion_metadata(completion: Completion, label: LibraryLabel | None) -> d
         **label_metadata(label),
         "item_count": completion.item_count,
         "acknowledged_revision": completion.acknowledged_revision or 0,
-        "observed_revision": completion.observed_revision,
+        "snapshot_revision": completion.snapshot_revision,
         "request_kind": completion.kind,
     }
     if completion.profile is not None:

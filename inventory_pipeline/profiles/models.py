@@ -115,8 +115,9 @@ class ClaimBatch:
 
 
 @dataclass(frozen=True)
-class Observation:
-    """The projection of one library read in one snapshot with its revision."""
+class LibrarySnapshot:
+    """The projection of one library's items and the library's revision, read in one
+    snapshot: what a profile is generated from."""
 
     library_id: int
     revision: int
@@ -136,7 +137,7 @@ class Completion:
     kind: RequestKind
     outcome: Outcome
     claimed_revision: int | None
-    observed_revision: int
+    snapshot_revision: int
     acknowledged_revision: int | None
     revision: int | None
     item_count: int

@@ -33,7 +33,7 @@ from inventory_pipeline.profiles.models import (
     DirtyPosition,
     LibraryLabel,
     LibrarySetFingerprint,
-    Observation,
+    LibrarySnapshot,
     Plan,
     PlannedRequest,
     ProfileStatus,
@@ -86,16 +86,16 @@ def claimable(conn: Connection, limit: int) -> int:
     return repository.count_claimable(conn, limit)
 
 
-def observe(conn: Connection, library_id: int) -> Observation:
+def read_snapshot(conn: Connection, library_id: int) -> LibrarySnapshot:
     """The library's projection and its revision, read in one snapshot.
 
-    The claim committed before this read, so the observation includes at least the
+    The claim committed before this read, so the snapshot includes at least the
     claimed revision (seed 000); later writes show up as a larger revision.
     """
     with snapshot(conn):
         revision = repository.read_revision(conn, library_id)
-        columns, rows = repository.read_observation(conn, library_id)
-    return Observation(library_id, revision or 0, columns, tuple(rows))
+        columns, rows = repository.read_snapshot(conn, library_id)
+    return LibrarySnapshot(library_id, revision or 0, columns, tuple(rows))
 
 
 def _describe(exc: BaseException) -> str:
@@ -108,7 +108,7 @@ def _fail(
     claim: Claim,
     policy: RefreshPolicy,
     error: str,
-    observed_revision: int = 0,
+    snapshot_revision: int = 0,
     terminal: bool = False,
 ) -> Completion:
     """Record a failed attempt; a claim that is gone (lease lost, library deleted) is lost."""
@@ -119,7 +119,7 @@ def _fail(
         kind=claim.kind,
         outcome="lost" if row is None else "failed",
         claimed_revision=claim.inventory_revision,
-        observed_revision=observed_revision,
+        snapshot_revision=snapshot_revision,
         acknowledged_revision=None,
         revision=None,
         item_count=0,
@@ -143,33 +143,33 @@ def process(
     by hand) cannot be acknowledged: it fails at once.
     """
     try:
-        observation = observe(conn, claim.library_id)
+        library = read_snapshot(conn, claim.library_id)
     except DatabaseUnavailable:
         raise  # nothing can be recorded; the lease expires and the request is retried
     except DatabaseError as exc:
         return _fail(conn, claim, policy, _describe(exc))
-    if (claim.inventory_revision or 0) > observation.revision:
+    if (claim.inventory_revision or 0) > library.revision:
         return _fail(
             conn,
             claim,
             policy,
             f"request revision {claim.inventory_revision} is ahead of the library's "
-            f"revision {observation.revision}",
-            observation.revision,
+            f"revision {library.revision}",
+            library.revision,
             terminal=True,
         )
     try:
-        frame = frame_from_rows(observation.columns, observation.rows)
+        frame = frame_from_rows(library.columns, library.rows)
         profile = generate(frame) if len(frame) else None
     except Exception as exc:
-        return _fail(conn, claim, policy, _describe(exc), observation.revision)
-    item_count = len(observation.rows)
+        return _fail(conn, claim, policy, _describe(exc), library.revision)
+    item_count = len(library.rows)
     try:
-        row = repository.complete_claim(conn, claim, observation.revision, item_count, profile)
+        row = repository.complete_claim(conn, claim, library.revision, item_count, profile)
     except DatabaseUnavailable:
         raise
     except DatabaseError as exc:
-        return _fail(conn, claim, policy, _describe(exc), observation.revision)
+        return _fail(conn, claim, policy, _describe(exc), library.revision)
     if row is None:
         outcome: Literal["published", "removed", "lost"] = "lost"
     else:
@@ -180,7 +180,7 @@ def process(
         kind=claim.kind,
         outcome=outcome,
         claimed_revision=claim.inventory_revision,
-        observed_revision=observation.revision,
+        snapshot_revision=library.revision,
         acknowledged_revision=None if row is None else row["acknowledged_revision"],
         revision=None if row is None else row["revision"],
         item_count=item_count,

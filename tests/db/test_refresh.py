@@ -34,8 +34,8 @@ def test_dirty_library_is_refreshed_and_acknowledged(conn: Connection) -> None:
     stored = f.profile(conn, lib)
     assert stored is not None and stored["item_count"] == 12 and stored["inventory_revision"] == 1
     # The stored profile is exactly a from-scratch generation of the projection.
-    obs = service.observe(conn, lib)
-    assert stored["profile"] == generate_profile(frame_from_rows(obs.columns, obs.rows))
+    library = service.read_snapshot(conn, lib)
+    assert stored["profile"] == generate_profile(frame_from_rows(library.columns, library.rows))
     assert stored["profile"]["genres"]["status"] == "published"
     # Clean now: the next tick plans nothing.
     assert service.plan(conn, POLICY).planned == 0
