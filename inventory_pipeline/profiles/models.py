@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 from uuid import UUID
 
 RequestKind = Literal["learning", "native", "inventory_change"]
@@ -126,6 +126,7 @@ class LibrarySnapshot:
 
 
 Outcome = Literal["published", "removed", "lost", "failed"]
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,27 @@ class Completion:
     item_count: int
     profile: dict[str, Any] | None
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class RefreshRun:
+    """What one refresh run did: the plans it made when it ran out of claimable work,
+    and every claim it processed, in order."""
+
+    plans: tuple[Plan, ...]
+    completions: tuple[Completion, ...]
+
+    @property
+    def planned(self) -> int:
+        return sum(p.planned for p in self.plans)
+
+    @property
+    def outcomes(self) -> dict[str, int]:
+        """How many completions ended in each outcome, every outcome named (zero too)."""
+        counts: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
+        for completion in self.completions:
+            counts[completion.outcome] += 1
+        return counts
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ unless a transaction is shown. No transaction is held while a profile is generat
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 from uuid import uuid4
@@ -39,6 +39,7 @@ from inventory_pipeline.profiles.models import (
     ProfileStatus,
     QueueOverview,
     RefreshPolicy,
+    RefreshRun,
     StalledLibrary,
     StoredProfile,
 )
@@ -193,19 +194,49 @@ def refresh(
     policy: RefreshPolicy,
     max_claims: int | None = None,
     generate: Generator = generate_profile,
-) -> Iterator[Completion]:
-    """What a refresh run does: claim one request, process it, repeat, until nothing is
-    claimable or `max_claims` (default `policy.run_claims`) were taken.
+    *,
+    replan: bool = True,
+    on_claim: Callable[[Claim], None] | None = None,
+    on_completion: Callable[[Completion], None] | None = None,
+) -> RefreshRun:
+    """What a refresh run does: claim one request, process it, repeat, until
+    `max_claims` (default `policy.run_claims`) were taken or no work is left.
 
     Claiming when the work begins, one request at a time, means a lease only covers
     work that has started: a run waiting in Dagster's queue holds nothing, and no
     request waits out its lease behind the earlier libraries of the same run.
+
+    When nothing is claimable the run plans (the same planner a tick runs) and goes on
+    while that queues work, so a backlog larger than one tick's plan is drained by the
+    runs already running. It stops when a plan queues nothing or leaves it nothing to
+    claim: planning again would only race the other runs for what they are taking.
+    `replan=False` stops at the first empty claim instead, for a caller whose planner
+    ticks on its own clock. `on_claim` runs once a claim has committed and before its
+    work starts; `on_completion` after each claim is processed.
     """
-    for _ in range(max_claims if max_claims is not None else policy.run_claims):
+    budget = policy.run_claims if max_claims is None else max_claims
+    plans: list[Plan] = []
+    completions: list[Completion] = []
+    planned_last = False
+    while len(completions) < budget:
         batch = claim(conn, policy)
         if not batch.claims:
-            return
-        yield process(conn, batch.claims[0], policy, generate)
+            if not replan or planned_last:
+                break
+            plans.append(plan(conn, policy))
+            if plans[-1].planned == 0:
+                break
+            planned_last = True
+            continue
+        planned_last = False
+        [claimed] = batch.claims
+        if on_claim is not None:
+            on_claim(claimed)
+        completion = process(conn, claimed, policy, generate)
+        if on_completion is not None:
+            on_completion(completion)
+        completions.append(completion)
+    return RefreshRun(plans=tuple(plans), completions=tuple(completions))
 
 
 @dataclass(frozen=True)
