@@ -74,11 +74,11 @@ def _peak_rss(url: str, what: str, queue: multiprocessing.Queue) -> None:  # typ
     with connect(url) as conn:
         before = _high_water()
         if what == "bare":
-            columns, rows = repository.read_observation(conn, 1)
+            columns, rows = repository.read_snapshot(conn, 1)
             frame_from_rows(columns, tuple(rows))
         else:
-            observation = service.observe(conn, 1)
-            generate_profile(frame_from_rows(observation.columns, observation.rows))
+            library = service.read_snapshot(conn, 1)
+            generate_profile(frame_from_rows(library.columns, library.rows))
         queue.put((before, _high_water()))
 
 
@@ -108,12 +108,12 @@ def run(admin_url: str, mode: Mode) -> list[Figure]:
             execute(conn, "VACUUM ANALYZE")
 
             def bare() -> None:
-                columns, rows = repository.read_observation(conn, 1)
+                columns, rows = repository.read_snapshot(conn, 1)
                 frame_from_rows(columns, tuple(rows))
 
             def generation() -> None:
-                observation = service.observe(conn, 1)
-                generate_profile(frame_from_rows(observation.columns, observation.rows))
+                library = service.read_snapshot(conn, 1)
+                generate_profile(frame_from_rows(library.columns, library.rows))
 
             bare()  # warm caches for both
             base, full = [], []

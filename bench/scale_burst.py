@@ -303,7 +303,7 @@ def cost(admin_url: str, libraries: int) -> dict[str, float]:
                 cpu, wall = time.process_time(), time.perf_counter()
                 if label == "profile path alone":
                     with connect(url) as conn:
-                        done = len(list(service.refresh(conn, db.policy(), libraries)))
+                        done = len(service.refresh(conn, db.policy(), libraries).completions)
                 else:
                     run = profile_defs.library_profile_refresh.execute_in_process(
                         instance=instance, resources={"inventory_db": db}

@@ -123,8 +123,8 @@ def profiles_converged(conn: Connection) -> list[str]:
                 f"library {library_id}: acknowledged {state['acknowledged_revision']}"
                 f" != revision {state['revision']}"
             )
-        observation = profiles.observe(conn, library_id)
-        frame = frame_from_rows(observation.columns, observation.rows)
+        library = profiles.read_snapshot(conn, library_id)
+        frame = frame_from_rows(library.columns, library.rows)
         expected = generate_profile(frame) if len(frame) else None
         stored = fetch_one(
             conn,
@@ -139,10 +139,10 @@ def profiles_converged(conn: Connection) -> list[str]:
             out.append(f"library {library_id}: {len(frame)} items but no profile")
         elif not stored["same"] or stored["item_count"] != len(frame):
             out.append(f"library {library_id}: profile differs from a recomputation")
-        elif stored["inventory_revision"] != observation.revision:
+        elif stored["inventory_revision"] != library.revision:
             out.append(
                 f"library {library_id}: profile of revision {stored['inventory_revision']},"
-                f" library at {observation.revision}"
+                f" library at {library.revision}"
             )
     return out
 

@@ -71,15 +71,19 @@ def slow_generate(frame: pd.DataFrame) -> dict[str, Any]:
 
 
 def refresher(conn: Connection) -> bool:
-    """One step of a refresh run, through the same service calls as
-    `profiles.refresh` (claim one request as its work begins, process it), with the
-    token declared for the audit in between. Kept in this one place so it follows the
-    run's own path when that changes."""
-    batch = profiles.claim(conn, PROFILE_POLICY)
-    declare(conn, batch.lease_token)
-    for claim in batch.claims:
-        profiles.process(conn, claim, PROFILE_POLICY, slow_generate)
-    return bool(batch.claims)
+    """One claim of a refresh run through the run's own call, `profiles.refresh`, with
+    the slow generator and each claim's token declared for the audit before its work.
+    Planning stays with the planner role's tick (`replan=False`): an expired claim stays
+    `running` until that tick recovers it, the window a late completion must not use."""
+    run = profiles.refresh(
+        conn,
+        PROFILE_POLICY,
+        max_claims=1,
+        generate=slow_generate,
+        replan=False,
+        on_claim=lambda claim: declare(conn, claim.lease_token),
+    )
+    return bool(run.completions)
 
 
 class StallingClient(TmdbClient):

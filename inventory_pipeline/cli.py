@@ -525,12 +525,9 @@ def _mark_dirty(args: argparse.Namespace, settings: Settings) -> int:
 
 def _refresh(args: argparse.Namespace, settings: Settings) -> int:
     with reach(settings) as deployment, connect(deployment.app_url) as conn:
-        plan = service.plan(conn, settings.policy)
-        completions = list(service.refresh(conn, settings.policy, max_claims=args.limit))
-    outcomes: dict[str, int] = {}
-    for c in completions:
-        outcomes[c.outcome] = outcomes.get(c.outcome, 0) + 1
-    print(f"planned {plan.planned}, processed {len(completions)}: {outcomes or 'nothing to do'}")
+        run = service.refresh(conn, settings.policy, max_claims=args.limit)
+    outcomes = {outcome: n for outcome, n in run.outcomes.items() if n}
+    print(f"planned {run.planned}, processed {len(run.completions)}: {outcomes or 'nothing to do'}")
     return 0 if "failed" not in outcomes else 1
 
 

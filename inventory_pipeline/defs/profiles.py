@@ -148,7 +148,7 @@ def completion_metadata(completion: Completion, label: LibraryLabel | None) -> d
         **label_metadata(label),
         "item_count": completion.item_count,
         "acknowledged_revision": completion.acknowledged_revision or 0,
-        "observed_revision": completion.observed_revision,
+        "snapshot_revision": completion.snapshot_revision,
         "request_kind": completion.kind,
     }
     if completion.profile is not None:
@@ -245,49 +245,34 @@ EVENT_BATCH = 50
 def refresh_claimed_profiles(
     context: dg.OpExecutionContext, config: RefreshConfig, inventory_db: InventoryDatabase
 ) -> dg.Output[int]:
-    """Claim requests one at a time as the work begins and process each, one
-    materialization per library, until `max_claims` (default the policy's run_claims)
-    were taken or nothing is left. When nothing is claimable the run plans itself (the
-    same planner a tick runs) and goes on while that queues work: a backlog larger than
-    one tick plans is drained by the running runs, not a tick's worth at a time. Every
-    EVENT_BATCH libraries, their materializations and then their check evaluations are
-    logged."""
+    """One refresh run (`service.refresh`: claim as the work begins, plan when nothing
+    is claimable) of at most `max_claims` (default the policy's run_claims), one
+    materialization per library. Every EVENT_BATCH libraries, their materializations
+    and then their check evaluations are logged."""
     policy = inventory_db.policy()
     if config.max_claims is not None and config.max_claims <= 0:
         raise dg.Failure(f"max_claims must be positive, got {config.max_claims}")
     budget = config.max_claims if config.max_claims is not None else policy.run_claims
     hold_storage_connections(context.instance)
-    counts = {"published": 0, "removed": 0, "lost": 0, "failed": 0}
     pending: list[Completion] = []
     with inventory_db.connection() as conn:
-        planned_last = False
-        while budget > 0:
-            taken = 0
-            for completion in service.refresh(conn, policy, budget):
-                taken += 1
-                counts[completion.outcome] += 1
-                if completion.outcome == "failed":
-                    context.log.warning(
-                        f"library {completion.library_id}: attempt failed ({completion.error})"
-                    )
-                elif completion.outcome == "lost":
-                    context.log.warning(
-                        f"library {completion.library_id}: claim lost, nothing done"
-                    )
-                pending.append(completion)
-                if len(pending) >= EVENT_BATCH:
-                    log_completions(context, conn, pending)
-                    pending = []
-            budget -= taken
-            # Planning again right after a plan that let this run claim nothing would
-            # only race the other runs for what they are already taking.
-            if budget <= 0 or (planned_last and taken == 0):
-                break
-            planned_last = True
-            if service.plan(conn, policy).planned == 0:
-                break
+
+        def record(completion: Completion) -> None:
+            if completion.outcome == "failed":
+                context.log.warning(
+                    f"library {completion.library_id}: attempt failed ({completion.error})"
+                )
+            elif completion.outcome == "lost":
+                context.log.warning(f"library {completion.library_id}: claim lost, nothing done")
+            pending.append(completion)
+            if len(pending) >= EVENT_BATCH:
+                log_completions(context, conn, pending)
+                pending.clear()
+
+        run = service.refresh(conn, policy, budget, on_completion=record)
         log_completions(context, conn, pending)
-    return dg.Output(counts["published"] + counts["removed"], metadata=dict(counts))
+    counts = run.outcomes
+    return dg.Output(counts["published"] + counts["removed"], metadata=counts)
 
 
 def log_completions(

@@ -1,4 +1,5 @@
-"""Profile generation from the observation projection, with its coverage contract.
+"""Profile generation from the items' projection (`inventory_observation_of`), with its
+coverage contract.
 
 Per trait the distribution plus its coverage
 (contributors / item count). A trait is published only where coverage >= 0.5 and at

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 from uuid import UUID
 
 RequestKind = Literal["learning", "native", "inventory_change"]
@@ -115,8 +115,9 @@ class ClaimBatch:
 
 
 @dataclass(frozen=True)
-class Observation:
-    """The projection of one library read in one snapshot with its revision."""
+class LibrarySnapshot:
+    """The projection of one library's items and the library's revision, read in one
+    snapshot: what a profile is generated from."""
 
     library_id: int
     revision: int
@@ -125,6 +126,7 @@ class Observation:
 
 
 Outcome = Literal["published", "removed", "lost", "failed"]
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 
 
 @dataclass(frozen=True)
@@ -136,12 +138,33 @@ class Completion:
     kind: RequestKind
     outcome: Outcome
     claimed_revision: int | None
-    observed_revision: int
+    snapshot_revision: int
     acknowledged_revision: int | None
     revision: int | None
     item_count: int
     profile: dict[str, Any] | None
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class RefreshRun:
+    """What one refresh run did: the plans it made when it ran out of claimable work,
+    and every claim it processed, in order."""
+
+    plans: tuple[Plan, ...]
+    completions: tuple[Completion, ...]
+
+    @property
+    def planned(self) -> int:
+        return sum(p.planned for p in self.plans)
+
+    @property
+    def outcomes(self) -> dict[str, int]:
+        """How many completions ended in each outcome, every outcome named (zero too)."""
+        counts: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
+        for completion in self.completions:
+            counts[completion.outcome] += 1
+        return counts
 
 
 @dataclass(frozen=True)

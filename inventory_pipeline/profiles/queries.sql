@@ -219,11 +219,11 @@ FROM (
 ) AS claimable;
 
 -- name: read_revision
--- Read in the same REPEATABLE READ snapshot as the observation: the revision the
+-- Read in the same REPEATABLE READ snapshot as the projection: the revision the
 -- generated profile reflects.
 SELECT revision FROM library_inventory_state WHERE library_id = %(library_id)s;
 
--- name: read_observation
+-- name: read_snapshot
 -- The profile reader: the shared projection of every item of one library.
 SELECT o.provider, o.provider_kind, o.rating::double precision AS rating, o.genres,
        o.primary_studio, o.original_language
@@ -276,7 +276,7 @@ acknowledged AS (
 ),
 published AS (
     INSERT INTO library_profiles AS p (library_id, inventory_revision, item_count, profile, generated_at)
-    SELECT done.library_id, %(observed_revision)s, %(item_count)s, %(profile)s, now()
+    SELECT done.library_id, %(snapshot_revision)s, %(item_count)s, %(profile)s, now()
     FROM done
     WHERE %(item_count)s > 0
     ON CONFLICT (library_id) DO UPDATE
@@ -292,7 +292,7 @@ removed AS (
     USING done
     WHERE %(item_count)s = 0
       AND p.library_id = done.library_id
-      AND p.inventory_revision <= %(observed_revision)s
+      AND p.inventory_revision <= %(snapshot_revision)s
     RETURNING p.library_id
 )
 SELECT done.library_id,

@@ -199,16 +199,16 @@ def read_revision(conn: Connection, library_id: int) -> int | None:
     return None if row is None else int(row["revision"])
 
 
-def read_observation(
+def read_snapshot(
     conn: Connection, library_id: int
 ) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
-    return fetch_tuples(conn, QUERIES["read_observation"], {"library_id": library_id})
+    return fetch_tuples(conn, QUERIES["read_snapshot"], {"library_id": library_id})
 
 
 def complete_claim(
     conn: Connection,
     claim: Claim,
-    observed_revision: int,
+    snapshot_revision: int,
     item_count: int,
     profile: dict[str, Any] | None,
 ) -> Row | None:
@@ -219,7 +219,7 @@ def complete_claim(
             "request_id": claim.request_id,
             "library_id": claim.library_id,
             "lease_token": claim.lease_token,
-            "observed_revision": observed_revision,
+            "snapshot_revision": snapshot_revision,
             "item_count": item_count,
             "profile": jsonb(profile if profile is not None else {}),
         },

@@ -8,7 +8,7 @@ unless a transaction is shown. No transaction is held while a profile is generat
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 from uuid import uuid4
@@ -33,21 +33,18 @@ from inventory_pipeline.profiles.models import (
     DirtyPosition,
     LibraryLabel,
     LibrarySetFingerprint,
-    Observation,
+    LibrarySnapshot,
     Plan,
     PlannedRequest,
     ProfileStatus,
     QueueOverview,
     RefreshPolicy,
+    RefreshRun,
     StalledLibrary,
     StoredProfile,
 )
 
 Generator = Callable[[pd.DataFrame], dict[str, Any]]
-
-
-class BackfillError(Exception):
-    """The backfill could not refresh every library it was asked for."""
 
 
 def plan(conn: Connection, policy: RefreshPolicy) -> Plan:
@@ -90,17 +87,17 @@ def claimable(conn: Connection, limit: int) -> int:
     return repository.count_claimable(conn, limit)
 
 
-def observe(conn: Connection, library_id: int) -> Observation:
+def read_snapshot(conn: Connection, library_id: int) -> LibrarySnapshot:
     """The library's projection and its revision, read in one snapshot.
 
-    The claim committed before this read, so the observation includes at least the
+    The claim committed before this read, so the snapshot includes at least the
     claimed revision (docs/profiles.md#acknowledged-revision); later writes show up as a
     larger revision.
     """
     with snapshot(conn):
         revision = repository.read_revision(conn, library_id)
-        columns, rows = repository.read_observation(conn, library_id)
-    return Observation(library_id, revision or 0, columns, tuple(rows))
+        columns, rows = repository.read_snapshot(conn, library_id)
+    return LibrarySnapshot(library_id, revision or 0, columns, tuple(rows))
 
 
 def _describe(exc: BaseException) -> str:
@@ -113,7 +110,7 @@ def _fail(
     claim: Claim,
     policy: RefreshPolicy,
     error: str,
-    observed_revision: int = 0,
+    snapshot_revision: int = 0,
     terminal: bool = False,
 ) -> Completion:
     """Record a failed attempt; a claim that is gone (lease lost, library deleted) is lost."""
@@ -124,7 +121,7 @@ def _fail(
         kind=claim.kind,
         outcome="lost" if row is None else "failed",
         claimed_revision=claim.inventory_revision,
-        observed_revision=observed_revision,
+        snapshot_revision=snapshot_revision,
         acknowledged_revision=None,
         revision=None,
         item_count=0,
@@ -149,33 +146,33 @@ def process(
     by hand) cannot be acknowledged: it fails at once.
     """
     try:
-        observation = observe(conn, claim.library_id)
+        library = read_snapshot(conn, claim.library_id)
     except DatabaseUnavailable:
         raise  # nothing can be recorded; the lease expires and the request is retried
     except DatabaseError as exc:
         return _fail(conn, claim, policy, _describe(exc))
-    if (claim.inventory_revision or 0) > observation.revision:
+    if (claim.inventory_revision or 0) > library.revision:
         return _fail(
             conn,
             claim,
             policy,
             f"request revision {claim.inventory_revision} is ahead of the library's "
-            f"revision {observation.revision}",
-            observation.revision,
+            f"revision {library.revision}",
+            library.revision,
             terminal=True,
         )
     try:
-        frame = frame_from_rows(observation.columns, observation.rows)
+        frame = frame_from_rows(library.columns, library.rows)
         profile = generate(frame) if len(frame) else None
     except Exception as exc:
-        return _fail(conn, claim, policy, _describe(exc), observation.revision)
-    item_count = len(observation.rows)
+        return _fail(conn, claim, policy, _describe(exc), library.revision)
+    item_count = len(library.rows)
     try:
-        row = repository.complete_claim(conn, claim, observation.revision, item_count, profile)
+        row = repository.complete_claim(conn, claim, library.revision, item_count, profile)
     except DatabaseUnavailable:
         raise
     except DatabaseError as exc:
-        return _fail(conn, claim, policy, _describe(exc), observation.revision)
+        return _fail(conn, claim, policy, _describe(exc), library.revision)
     if row is None:
         outcome: Literal["published", "removed", "lost"] = "lost"
     else:
@@ -186,7 +183,7 @@ def process(
         kind=claim.kind,
         outcome=outcome,
         claimed_revision=claim.inventory_revision,
-        observed_revision=observation.revision,
+        snapshot_revision=library.revision,
         acknowledged_revision=None if row is None else row["acknowledged_revision"],
         revision=None if row is None else row["revision"],
         item_count=item_count,
@@ -199,19 +196,49 @@ def refresh(
     policy: RefreshPolicy,
     max_claims: int | None = None,
     generate: Generator = generate_profile,
-) -> Iterator[Completion]:
-    """What a refresh run does: claim one request, process it, repeat, until nothing is
-    claimable or `max_claims` (default `policy.run_claims`) were taken.
+    *,
+    replan: bool = True,
+    on_claim: Callable[[Claim], None] | None = None,
+    on_completion: Callable[[Completion], None] | None = None,
+) -> RefreshRun:
+    """What a refresh run does: claim one request, process it, repeat, until
+    `max_claims` (default `policy.run_claims`) were taken or no work is left.
 
     Claiming when the work begins, one request at a time, means a lease only covers
     work that has started: a run waiting in Dagster's queue holds nothing, and no
     request waits out its lease behind the earlier libraries of the same run.
+
+    When nothing is claimable the run plans (the same planner a tick runs) and goes on
+    while that queues work, so a backlog larger than one tick's plan is drained by the
+    runs already running. It stops when a plan queues nothing or leaves it nothing to
+    claim: planning again would only race the other runs for what they are taking.
+    `replan=False` stops at the first empty claim instead, for a caller whose planner
+    ticks on its own clock. `on_claim` runs once a claim has committed and before its
+    work starts; `on_completion` after each claim is processed.
     """
-    for _ in range(max_claims if max_claims is not None else policy.run_claims):
+    budget = policy.run_claims if max_claims is None else max_claims
+    plans: list[Plan] = []
+    completions: list[Completion] = []
+    planned_last = False
+    while len(completions) < budget:
         batch = claim(conn, policy)
         if not batch.claims:
-            return
-        yield process(conn, batch.claims[0], policy, generate)
+            if not replan or planned_last:
+                break
+            plans.append(plan(conn, policy))
+            if plans[-1].planned == 0:
+                break
+            planned_last = True
+            continue
+        planned_last = False
+        [claimed] = batch.claims
+        if on_claim is not None:
+            on_claim(claimed)
+        completion = process(conn, claimed, policy, generate)
+        if on_completion is not None:
+            on_completion(completion)
+        completions.append(completion)
+    return RefreshRun(plans=tuple(plans), completions=tuple(completions))
 
 
 @dataclass(frozen=True)

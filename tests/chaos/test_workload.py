@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from chaos import invariants
+from chaos import invariants, worker
 from chaos.config import (
     BACKLOG_LIBRARIES,
     LARGE_EXERCISES,
@@ -26,6 +26,7 @@ from chaos.config import (
 from chaos.workload import Workload, drop_writer_role
 from inventory_pipeline.db import Connection, connect, execute, fetch_all, fetch_one
 from inventory_pipeline.db.connection import database_name
+from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.provider.standin import StandIn
 from inventory_pipeline.stats import processors
 from inventory_pipeline.stats import service as stats_service
@@ -272,3 +273,26 @@ def test_an_emptied_user_keeps_no_session_and_the_rebuild_runs_beside_the_writes
         " WHERE reason LIKE '%%analyst rebuild%%'",
     )
     assert {r["user_id"] for r in jobs} >= set(workload.users) - {emptied}
+
+
+def test_the_refresher_acknowledges_through_the_run_with_its_token_declared(
+    conn: Connection, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refresher worker takes one claim through the run's own call, declaring the
+    claim's token before the completion; planning stays with the planner role."""
+    execute(conn, (Path(invariants.__file__).with_name("audit.sql")).read_text())
+    monkeypatch.setattr(worker.random, "random", lambda: 0.5)  # no stall past the lease
+    lib = f.library(conn)
+    f.items(conn, lib, 4)
+    with connect(db_url, application_name=worker.application_name("refresher", 1)) as session:
+        assert worker.refresher(session) is False  # nothing queued, and it plans nothing
+        assert f.requests(conn, lib) == []
+        worker.planner(session)
+        assert worker.refresher(session) is True
+    [ack] = fetch_all(
+        conn, "SELECT lease_token::text AS token, completing_token FROM chaos_profile_acks"
+    )
+    assert ack["completing_token"] == ack["token"]
+    assert invariants.no_lost_claim_acknowledged(conn) == []
+    assert f.state(conn, lib)["acknowledged_revision"] == 1
+    assert profiles.stored_profile(conn, lib) is not None

@@ -32,8 +32,7 @@ def bump(conn: Connection, library: int) -> None:
 
 
 def process_all(conn: Connection) -> list[object]:
-    profiles.plan(conn, POLICY)
-    return list(profiles.refresh(conn, POLICY))
+    return list(profiles.refresh(conn, POLICY).completions)
 
 
 def test_writer_then_planner(conn: Connection) -> None:
@@ -49,7 +48,7 @@ def test_planner_then_writer_keeps_the_newer_revision_pending(conn: Connection) 
     f.items(conn, lib, 6)
     [planned] = profiles.plan(conn, POLICY).inventory
     bump(conn, lib)
-    list(profiles.refresh(conn, POLICY))
+    profiles.refresh(conn, POLICY, max_claims=1)
     assert f.state(conn, lib)["acknowledged_revision"] == planned.inventory_revision == 1
     process_all(conn)
     assert f.state(conn, lib)["acknowledged_revision"] == 2

@@ -55,8 +55,7 @@ def test_observation_flows_into_profile_but_bookkeeping_does_not(
 ) -> None:
     item = f.tmdb_item(conn, movies, 603, original_language=None)
     policy = RefreshPolicy()
-    profiles.plan(conn, policy)
-    list(profiles.refresh(conn, policy))
+    profiles.refresh(conn, policy)
     revision = f.revision(conn, movies)
     # Claiming and a failure are bookkeeping only: no revision.
     [claim] = service.claim(conn, 1)

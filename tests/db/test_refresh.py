@@ -11,15 +11,15 @@ import pytest
 from inventory_pipeline.db import Connection, DatabaseError, connect, execute, fetch_all, fetch_one
 from inventory_pipeline.profiles import service
 from inventory_pipeline.profiles.generator import frame_from_rows, generate_profile
-from inventory_pipeline.profiles.models import RefreshPolicy
+from inventory_pipeline.profiles.models import Claim, Completion, RefreshPolicy
 from tests import factories as f
 
 POLICY = RefreshPolicy()
 
 
-def refresh_all(conn: Connection, policy: RefreshPolicy = POLICY) -> list[Any]:
-    service.plan(conn, policy)
-    return list(service.refresh(conn, policy))
+def refresh_all(conn: Connection, policy: RefreshPolicy = POLICY) -> list[Completion]:
+    """A refresh run of the default budget: it plans for itself when nothing is queued."""
+    return list(service.refresh(conn, policy).completions)
 
 
 def test_dirty_library_is_refreshed_and_acknowledged(conn: Connection) -> None:
@@ -27,15 +27,15 @@ def test_dirty_library_is_refreshed_and_acknowledged(conn: Connection) -> None:
     f.items(conn, lib, 12)
     plan = service.plan(conn, POLICY)
     assert [(p.library_id, p.inventory_revision) for p in plan.inventory] == [(lib, 1)]
-    [done] = service.refresh(conn, POLICY)
+    [done] = service.refresh(conn, POLICY).completions
     assert done.outcome == "published"
     assert (done.acknowledged_revision, done.revision) == (1, 1)
     assert f.state(conn, lib) == {"revision": 1, "acknowledged_revision": 1, "dirty_since": None}
     stored = f.profile(conn, lib)
     assert stored is not None and stored["item_count"] == 12 and stored["inventory_revision"] == 1
     # The stored profile is exactly a from-scratch generation of the projection.
-    obs = service.observe(conn, lib)
-    assert stored["profile"] == generate_profile(frame_from_rows(obs.columns, obs.rows))
+    library = service.read_snapshot(conn, lib)
+    assert stored["profile"] == generate_profile(frame_from_rows(library.columns, library.rows))
     assert stored["profile"]["genres"]["status"] == "published"
     # Clean now: the next tick plans nothing.
     assert service.plan(conn, POLICY).planned == 0
@@ -99,7 +99,7 @@ def test_existing_native_request_delays_but_cannot_acknowledge(conn: Connection)
         (lib,),
     )
     assert service.plan(conn, POLICY).inventory == ()
-    [done] = service.refresh(conn, POLICY)
+    [done] = service.refresh(conn, POLICY, max_claims=1).completions
     assert done.kind == "native" and done.outcome == "published"
     assert f.state(conn, lib)["acknowledged_revision"] == 0
     # The next pass queues the still-dirty revision.
@@ -177,7 +177,7 @@ def test_acknowledgement_never_moves_backwards(conn: Connection) -> None:
         " 'inventory_changed', 1)",
         (lib,),
     )
-    [done] = service.refresh(conn, POLICY)
+    [done] = service.refresh(conn, POLICY).completions
     assert done.outcome == "published" and done.acknowledged_revision == 2
 
 
@@ -268,7 +268,7 @@ def test_probe_after_terminal_failure_without_new_inventory(conn: Connection) ->
     service.plan(conn, POLICY)
     for _ in range(3):
         execute(conn, "UPDATE profile_refresh_requests SET available_at = now()")
-        list(service.refresh(conn, POLICY, generate=broken))
+        service.refresh(conn, POLICY, generate=broken)
     f.age_requests(conn, lib, 3600)
     assert service.plan(conn, POLICY).planned == 0
     f.age_requests(conn, lib, 3601)
@@ -474,7 +474,7 @@ def test_runs_and_backfills_hold_a_lease_only_on_work_begun(conn: Connection, db
         return generate_profile(frame)
 
     service.plan(conn, POLICY)
-    assert [c.outcome for c in service.refresh(conn, POLICY, generate=watching)] == [
+    assert [c.outcome for c in service.refresh(conn, POLICY, generate=watching).completions] == [
         "published"
     ] * 4
     assert leased == [1, 1, 1, 1]
@@ -504,3 +504,43 @@ def test_backfill_of_a_library_deleted_midway_ends_at_once(conn: Connection, db_
         (first, "refreshed", None),
         (doomed, "failed", "library deleted"),
     ]
+
+
+def test_a_run_plans_for_itself_until_its_budget_is_spent(conn: Connection) -> None:
+    """Nothing queued: the run plans, drains what that queued, plans again while work
+    remains, and stops at its claim budget; each claim is announced before its work."""
+    srv = f.server(conn)
+    libs = [f.library(conn, srv, name=str(i)) for i in range(30)]
+    for lib in libs:
+        f.items(conn, lib, 3)
+    one_pass = RefreshPolicy(planner_passes=1)  # 25 libraries per plan
+    announced: list[int] = []
+
+    def announce(claim: Claim) -> None:
+        # The claim has committed: its request is running under the announced token.
+        [req] = [r for r in f.requests(conn, claim.library_id) if r["status"] == "running"]
+        assert req["lease_token"] == claim.lease_token
+        announced.append(claim.library_id)
+
+    seen: list[Completion] = []
+    run = service.refresh(conn, one_pass, 28, on_claim=announce, on_completion=seen.append)
+    assert [p.planned for p in run.plans] == [25, 5]
+    assert run.planned == 30
+    assert len(run.completions) == 28 and list(run.completions) == seen
+    assert announced == [c.library_id for c in run.completions]
+    assert run.outcomes == {"published": 28, "removed": 0, "lost": 0, "failed": 0}
+    # The rest of the queue: taken without planning, then one plan that queues nothing.
+    rest = service.refresh(conn, one_pass)
+    assert (len(rest.completions), [p.planned for p in rest.plans]) == (2, [0])
+    assert all(f.state(conn, lib)["dirty_since"] is None for lib in libs)
+
+
+def test_a_run_without_replanning_stops_at_the_first_empty_claim(conn: Connection) -> None:
+    lib = f.library(conn)
+    f.items(conn, lib, 3)
+    run = service.refresh(conn, POLICY, replan=False)
+    assert (run.plans, run.completions) == ((), ())
+    assert f.requests(conn, lib) == []
+    service.plan(conn, POLICY)
+    [done] = service.refresh(conn, POLICY, replan=False).completions
+    assert done.outcome == "published"
