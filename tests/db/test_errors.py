@@ -94,7 +94,7 @@ def test_a_cancel_request_is_query_canceled_before_any_budget(
         execute(conn, "SELECT pg_sleep(10)")
     canceller.join()
     assert raised.value.sqlstate == "57014"
-    assert raised.value.elapsed_ms is not None and 150 <= raised.value.elapsed_ms < 5000
+    assert raised.value.elapsed_ms is not None and 150 <= raised.value.elapsed_ms < 10_000
 
 
 def test_a_lock_timeout_is_lock_not_available(conn: Connection, db_url: str) -> None:
