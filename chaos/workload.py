@@ -45,6 +45,7 @@ from inventory_pipeline.db import (
     Connection,
     DatabaseError,
     DatabaseUnavailable,
+    FeatureNotSupported,
     execute,
     fetch_all,
     fetch_one,
@@ -80,7 +81,6 @@ FAULTS: tuple[tuple[str, dict[str, Any]], ...] = (
 MALFORMED_IDS = ("²", "٦٠٣", "-5", " 12", "12a", "", "1e3", "99999999999999999999")
 ODD_IDS = (*MALFORMED_IDS, "007", "0", "2147483648")
 # The statements a writer role issues; MERGE may be refused by a server (feature).
-FEATURE_NOT_SUPPORTED = "0A000"
 WRITER_COLUMNS = (
     "library_id",
     "title",
@@ -516,9 +516,7 @@ class Workload:
                 " x.provider_kind, x.provider_id, x.rating, x.genres)",
                 (jsonb(self._incoming()),),
             )
-        except DatabaseError as exc:
-            if exc.sqlstate != FEATURE_NOT_SUPPORTED:
-                raise
+        except FeatureNotSupported as exc:
             self.unsupported[f"writer_merge: {exc}"] += 1
 
     def writer_copy(self) -> None:

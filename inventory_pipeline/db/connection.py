@@ -9,20 +9,31 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NoReturn, TypeAlias
 from urllib.parse import quote, unquote
 
 import psycopg
-from psycopg import conninfo, errors, sql
+from psycopg import conninfo, sql
 from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from inventory_pipeline.db.errors import (
+    CheckViolation,
     DatabaseError,
     DatabaseUnavailable,
+    DeadlockDetected,
+    FeatureNotSupported,
+    ForeignKeyViolation,
+    IdleInTransactionTimeout,
     InvalidDatabaseUrl,
     LockNotAvailable,
+    NumericValueOutOfRange,
+    ObjectNotInPrerequisiteState,
+    QueryCanceled,
+    SerializationFailure,
+    UniqueViolation,
 )
 
 Connection: TypeAlias = psycopg.Connection[DictRow]
@@ -126,9 +137,26 @@ def connect(
     return conn
 
 
-# The server ended the session (admin shutdown, crash, restart) or an idle-in-transaction
-# session (25P03); class 08 is a connection failure.
-_SESSION_GONE = frozenset({"57P01", "57P02", "57P03", "25P03"})
+# The one table from SQLSTATE to the project's error class: the states callers branch on.
+# Anything else is a plain DatabaseError (or DatabaseUnavailable when the session is
+# gone), still carrying its SQLSTATE.
+ERROR_CLASSES: dict[str, type[DatabaseError]] = {
+    "0A000": FeatureNotSupported,
+    "22003": NumericValueOutOfRange,
+    "23503": ForeignKeyViolation,
+    "23505": UniqueViolation,
+    "23514": CheckViolation,
+    "25P03": IdleInTransactionTimeout,
+    "40001": SerializationFailure,
+    "40P01": DeadlockDetected,
+    "55000": ObjectNotInPrerequisiteState,
+    "55P03": LockNotAvailable,
+    "57014": QueryCanceled,
+}
+
+# The server ended the session: administrator shutdown, crash shutdown, cannot connect
+# now (a restart); class 08 is a connection failure.
+_SESSION_GONE = frozenset({"57P01", "57P02", "57P03"})
 
 
 def _session_gone(exc: psycopg.Error) -> bool:
@@ -141,17 +169,27 @@ def _session_gone(exc: psycopg.Error) -> bool:
     return exc.sqlstate.startswith("08") or exc.sqlstate in _SESSION_GONE
 
 
+def _translated(exc: psycopg.Error, elapsed_ms: float | None = None) -> DatabaseError:
+    """The project's error for a driver error, keeping the server's message and SQLSTATE;
+    a canceled statement also records how long the call had run."""
+    message = str(exc).strip()
+    cls = ERROR_CLASSES.get(exc.sqlstate or "")
+    if cls is None:
+        cls = DatabaseUnavailable if _session_gone(exc) else DatabaseError
+    error = cls(message, exc.sqlstate)
+    if isinstance(error, QueryCanceled):
+        error.elapsed_ms = elapsed_ms
+    return error
+
+
 @contextlib.contextmanager
 def translate_errors() -> Iterator[None]:
-    """Turn driver errors into the project's own, keeping the server's message."""
+    """Turn driver errors into the project's own (see `_translated`)."""
+    started = time.perf_counter()
     try:
         yield
-    except errors.LockNotAvailable as exc:
-        raise LockNotAvailable(str(exc).strip(), exc.sqlstate) from exc
     except psycopg.Error as exc:
-        if _session_gone(exc):
-            raise DatabaseUnavailable(str(exc).strip(), exc.sqlstate) from exc
-        raise DatabaseError(str(exc).strip(), exc.sqlstate) from exc
+        raise _translated(exc, (time.perf_counter() - started) * 1000) from exc
 
 
 @contextlib.contextmanager
@@ -346,11 +384,6 @@ def database_name(url: str) -> str:
     return str(conninfo.conninfo_to_dict(url).get("dbname") or "postgres")
 
 
-def is_error(exc: BaseException, sqlstate: str) -> bool:
-    cause = exc.__cause__
-    return isinstance(cause, psycopg.Error) and cause.sqlstate == sqlstate
-
-
 __all__ = [
     "Connection",
     "DatabaseError",
@@ -366,7 +399,6 @@ __all__ = [
     "fetch_all",
     "fetch_one",
     "fetch_tuples",
-    "is_error",
     "jsonb",
     "redact_url",
     "savepoint",

@@ -4,19 +4,14 @@ token, within the cap of active leases."""
 
 from __future__ import annotations
 
-from uuid import UUID, uuid4
+from uuid import UUID
 
-from inventory_pipeline.db import Connection, DatabaseError, transaction
+from inventory_pipeline.db import Connection, UniqueViolation
 from inventory_pipeline.stats import repository as repo
-from inventory_pipeline.stats.models import (
-    STATEMENT_TIMEOUT,
-    UNIQUE_VIOLATION,
-    StatsClaim,
-    WorkerSettings,
-)
+from inventory_pipeline.stats.models import StatsClaim
 
-# Jobs a claim tries before giving up this round: a candidate can turn out to belong to
-# a user whose live job committed meanwhile, or to have exhausted its attempts.
+# Server-side claims a call tries before giving up this round: each refusal by the
+# one-live-job index means another claim started that user's job meanwhile.
 CLAIM_TRIES = 5
 
 
@@ -29,79 +24,11 @@ def claim(
     run waiting out a retry does not hold a slot), when nothing is claimable, or when
     the turn to count leases did not come within the claim budget (or at once, without
     `wait`). One server-side call; a start the one-live-job index refused (another
-    claim won the user) is retried statement by statement."""
-    try:
-        return repo.claim_stage(conn, lock_owner, user_id, wait)
-    except DatabaseError as exc:
-        if exc.sqlstate != UNIQUE_VIOLATION:
-            raise
-    return _claim_stepwise(conn, lock_owner, user_id, wait)
-
-
-def _claim_stepwise(
-    conn: Connection, lock_owner: str, user_id: UUID | None, wait: bool
-) -> StatsClaim | None:
-    """The claim statement by statement, trying up to CLAIM_TRIES candidates."""
-    with transaction(conn):
-        settings = repo.arm_stage(conn, "claim", None)
-        if settings.paused:
-            return None
-        active = _active_leases(conn, wait)
-        if active is None or active >= settings.active_lease_cap:
-            return None
-        resumable = repo.resumable_run(conn, user_id)
-        if resumable is not None:
-            run_id, token = resumable
-            repo.declare_lease(conn, token)
-            return repo.resume_run(conn, run_id, settings.lease_seconds, lock_owner)
-        for _ in range(CLAIM_TRIES):
-            job = _next_job(conn, user_id)
-            if job is None:
-                return None
-            claimed = _start(conn, settings, job, lock_owner)
-            if claimed is not None:
-                return claimed
-        return None
-
-
-def _active_leases(conn: Connection, wait: bool) -> int | None:
-    """Active leases once this claim has the turn; None if it did not get it (a
-    statement timeout while waiting rolls back only this step)."""
-    try:
-        with transaction(conn):
-            return repo.active_leases_after_lock(conn, wait)
-    except DatabaseError as exc:
-        if exc.sqlstate != STATEMENT_TIMEOUT:
-            raise
-        return None
-
-
-def _next_job(conn: Connection, user_id: UUID | None) -> int | None:
-    """A dead worker's job (its run retired: a new lease never adopts another lease's
-    output), else the oldest pending job."""
-    expired = repo.expired_run(conn, user_id)
-    if expired is not None:
-        run_id, job_id = expired
-        repo.retire_run(conn, run_id, "failed", "lease expired")
-        return job_id
-    return repo.pending_job(conn, user_id)
-
-
-def _start(
-    conn: Connection, settings: WorkerSettings, job_id: int, lock_owner: str
-) -> StatsClaim | None:
-    """Start the job under a new lease, taking in the user's owed range. None when the
-    user's other job went live first (the one-live-job index refused this one) or the
-    job has exhausted its attempts (it fails and its range stays owed)."""
-    try:
-        with transaction(conn):
-            job = repo.start_job(conn, job_id, lock_owner)
-    except DatabaseError as exc:
-        if exc.sqlstate != UNIQUE_VIOLATION:
-            raise
-        return None
-    if job.attempts > settings.max_attempts:
-        repo.fail_job(conn, job_id, "attempts exhausted")
-        return None
-    job = repo.absorb_owed_range(conn, job)
-    return repo.create_run(conn, job, uuid4(), settings.lease_seconds, lock_owner)
+    claim won the user after this one's check) rolls that call back whole and the call
+    is made again: its fresh snapshot sees the winner's job and passes that user by."""
+    for _ in range(CLAIM_TRIES):
+        try:
+            return repo.claim_stage(conn, lock_owner, user_id, wait)
+        except UniqueViolation:
+            continue
+    return None

@@ -1,7 +1,7 @@
-"""Compute: the second committed stage. Builds the run's private output; an account
-with more than BATCH_SIZE candidate exercises is prepared (the exercise list frozen),
-computed in batches of at most BATCH_SIZE and finalized, each step its own transaction
-with the cursor in the run's payload.
+"""Compute: the second committed stage. Builds the run's private output in one
+server-side call; an account with more than BATCH_SIZE candidate exercises is prepared
+there (the exercise list frozen), then computed here in batches of at most BATCH_SIZE
+and finalized, each step its own transaction with the cursor in the run's payload.
 
 Responses: `computed` (publish may follow), `batch_pending` (commit and call again; with
 reason transaction_boundary_required when called twice in one transaction),
@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from inventory_pipeline.db import Connection, DatabaseError, transaction
+from inventory_pipeline.db import Connection, transaction
 from inventory_pipeline.stats import repository as repo
 from inventory_pipeline.stats.models import (
     BATCH_SIZE,
@@ -55,22 +55,32 @@ def compute(
     failed attempt with backoff, unless the caller handles it (the scoped processor)."""
     started = time.perf_counter()
     try:
-        answered = repo.compute_stage(conn, claim, BATCH_SIZE)
-        if answered is not None:
-            return answered
-        with transaction(conn):
-            return _compute(conn, claim, started)
-    except DatabaseError as exc:
-        if not (record_interruptions and exc.sqlstate in INTERRUPTIONS):
+        while True:
+            answered = repo.compute_stage(conn, claim, BATCH_SIZE)
+            if answered is not None:
+                return answered
+            with transaction(conn):
+                stepped = _compute(conn, claim, started)
+            if stepped is not None:
+                return stepped
+            # The run left its batches meanwhile (another worker restarted it under the
+            # same token): the stage call prepares or computes it again.
+    except INTERRUPTIONS as exc:
+        if not record_interruptions:
             raise
         return _record_failed_attempt(conn, claim, f"interrupted ({exc.sqlstate})")
 
 
-def _compute(conn: Connection, claim: StatsClaim, started: float) -> ComputeResult:
+def _compute(conn: Connection, claim: StatsClaim, started: float) -> ComputeResult | None:
+    """The next step of a run in batches; None when the run is not in batches (any
+    more), which only the stage call computes."""
     settings = repo.arm_stage(conn, "compute", claim.lease_token)
     run = repo.lock_run(conn, claim)
     if run is None:
         return ComputeResult("failed", reason="lease lost or run busy")
+    raw = run.payload.get("_batch")
+    if raw is None:
+        return None
     answer = _answer_without_work(run)
     if answer is not None:
         return answer
@@ -80,9 +90,6 @@ def _compute(conn: Connection, claim: StatsClaim, started: float) -> ComputeResu
     attempt = _Attempt(conn, claim, settings, started, attempts)
     if attempts > settings.max_attempts:
         return _fail_attempt(attempt, run.payload, "attempts exhausted")
-    raw = run.payload.get("_batch")
-    if raw is None:
-        return _prepare(attempt, run)
     cursor = BatchCursor.from_payload(raw)
     if repo.user_versions(conn, claim.user_id) != (cursor.source_revision, cursor.base):
         # Changed inputs invalidate the attempt: drop the partial output, start over.
@@ -112,22 +119,6 @@ def _answer_without_work(run: RunState) -> ComputeResult | None:
     return None
 
 
-def _prepare(attempt: _Attempt, run: RunState) -> ComputeResult:
-    """Small accounts compute at once; large ones freeze their exercise list and the
-    inputs it depends on, and compute in batches from the next call."""
-    candidates = repo.candidate_exercises(attempt.conn, attempt.claim)
-    if len(candidates) <= BATCH_SIZE:
-        repo.compute_exercises(attempt.conn, attempt.claim, candidates)
-        repo.compute_periods(attempt.conn, attempt.claim)
-        manifest = {"exercises": list(candidates), "mode": "single", "batches": 1}
-        attempt.save("computed", {"manifest": manifest})
-        return ComputeResult("computed", total_exercises=len(candidates))
-    requested, applied = repo.user_versions(attempt.conn, attempt.claim.user_id)
-    cursor = BatchCursor("batches", 0, candidates, requested, applied, run.xid)
-    attempt.save("claimed", {"_batch": cursor.to_payload()})
-    return ComputeResult("batch_pending", cursor.stage, 0, cursor.total)
-
-
 def _run_batch(attempt: _Attempt, cursor: BatchCursor, xid: int) -> ComputeResult:
     """The next batch under a savepoint: an interruption rolls back this batch only,
     keeps the committed predecessors and counts a failed attempt."""
@@ -135,9 +126,7 @@ def _run_batch(attempt: _Attempt, cursor: BatchCursor, xid: int) -> ComputeResul
     try:
         with transaction(attempt.conn):
             repo.compute_exercises(attempt.conn, attempt.claim, chunk)
-    except DatabaseError as exc:
-        if exc.sqlstate not in INTERRUPTIONS:
-            raise
+    except INTERRUPTIONS as exc:
         kept = replace(cursor, retry_count=cursor.retry_count + 1)
         return _fail_attempt(
             attempt, {"_batch": kept.to_payload()}, f"batch interrupted ({exc.sqlstate})"

@@ -7,12 +7,11 @@ from __future__ import annotations
 from typing import Literal
 from uuid import UUID
 
-from inventory_pipeline.db import Connection, DatabaseError, transaction
+from inventory_pipeline.db import Connection, QueryCanceled, transaction
 from inventory_pipeline.stats import repository as repo
 from inventory_pipeline.stats.claim import claim
 from inventory_pipeline.stats.compute import compute
 from inventory_pipeline.stats.models import (
-    STATEMENT_TIMEOUT,
     TRANSACTION_BOUNDARY,
     AccountResult,
     DrainSummary,
@@ -103,14 +102,17 @@ def process_one_account(conn: Connection, lock_owner: str) -> AccountResult:
     )
 
 
-# PostgreSQL reports a statement timeout and a client's or operator's cancel with the
-# same SQLSTATE (57014); only the server's message tells them apart, and the scoped
-# processor's contract recovers exactly the former.
-TIMEOUT_MESSAGE = "canceling statement due to statement timeout"
+Stage = Literal["claim", "compute", "publish"]
 
 
-def _statement_timeout(exc: DatabaseError) -> bool:
-    return exc.sqlstate == STATEMENT_TIMEOUT and str(exc).startswith(TIMEOUT_MESSAGE)
+def _ran_out_its_budget(conn: Connection, stage: Stage, exc: QueryCanceled) -> bool:
+    """Was this cancellation the stage's statement timeout? PostgreSQL reports a
+    statement timeout and a client's or operator's cancel with the same SQLSTATE (57014);
+    the timeout fires exactly when a statement has run for the stage's budget, so a
+    canceled call that ran at least that long was the timeout. Only a cancel landing
+    within a round trip of the budget could be taken for one."""
+    elapsed = exc.elapsed_ms
+    return elapsed is not None and elapsed >= repo.read_settings(conn).budget_ms(stage)
 
 
 class _Deferred(Exception):
@@ -119,32 +121,35 @@ class _Deferred(Exception):
 
 def process_user(conn: Connection, user_id: UUID, lock_owner: str) -> AccountResult:
     """The scoped single-user processor: claim, compute and publish inside one
-    subtransaction. Exactly a statement timeout (57014) rolls it back and reports
-    worker_timed_out with the job still pending; any other cancellation is re-raised.
-    An account that needs batches is deferred to the worker (batches need their own
-    transactions). Its claim stays uncommitted until the end, holding the turn to count
-    leases: it never waits for that turn (idle if another claim has it), and other
-    claims wait for it at most their claim budget."""
+    subtransaction. Exactly a statement timeout (57014 after the stage's budget) rolls
+    it back and reports worker_timed_out with the job still pending; any other
+    cancellation is re-raised. An account that needs batches is deferred to the worker
+    (batches need their own transactions). Its claim stays uncommitted until the end,
+    holding the turn to count leases: it never waits for that turn (idle if another
+    claim has it), and other claims wait for it at most their claim budget."""
+    stage: Stage = "claim"
     try:
         with transaction(conn):
             claimed = claim(conn, lock_owner, user_id, wait=False)
             if claimed is None:
                 remaining = repo.remaining_users(conn, user_id)
                 return AccountResult(user_id, "idle", None, remaining > 0, remaining)
+            stage = "compute"
             result = compute(conn, claimed, record_interruptions=False)
             if result.status != "computed":
                 raise _Deferred(result.status)
+            stage = "publish"
             publication = publish(conn, claimed, record_interruptions=False)
             if publication.status not in ("published", "rejected"):
                 raise _Deferred(publication.status)
     except _Deferred:
         remaining = repo.remaining_users(conn, user_id)
         return AccountResult(user_id, "deferred", None, remaining > 0, remaining)
-    except DatabaseError as exc:
-        if _statement_timeout(exc):
-            remaining = repo.remaining_users(conn, user_id)
-            return AccountResult(user_id, "worker_timed_out", None, remaining > 0, remaining)
-        raise
+    except QueryCanceled as exc:
+        if not _ran_out_its_budget(conn, stage, exc):
+            raise
+        remaining = repo.remaining_users(conn, user_id)
+        return AccountResult(user_id, "worker_timed_out", None, remaining > 0, remaining)
     remaining = repo.remaining_users(conn, user_id)
     outcome: Literal["published", "rejected"] = (
         "published" if publication.status == "published" else "rejected"

@@ -7,18 +7,16 @@ from datetime import date, datetime
 from typing import Any, Literal
 from uuid import UUID
 
+from inventory_pipeline.db import LockNotAvailable, QueryCanceled
+
 # The compute responses (their meaning: stats/compute.py).
 ComputeStatus = Literal["computed", "batch_pending", "retry_pending", "failed"]
 BATCH_SIZE = 100  # the measured candidate boundary, not an unlimited safety guarantee
 TRANSACTION_BOUNDARY = "transaction_boundary_required"
 
-# SQLSTATEs the worker branches on (read from DatabaseError.sqlstate).
-STATEMENT_TIMEOUT = "57014"
-LOCK_NOT_AVAILABLE = "55P03"
-FOREIGN_KEY_VIOLATION = "23503"
-UNIQUE_VIOLATION = "23505"
-CHECK_VIOLATION = "23514"
-INTERRUPTIONS = frozenset({STATEMENT_TIMEOUT, LOCK_NOT_AVAILABLE})
+# A stage's interruptions: its statement budget ran out or a lock was not available in
+# time (or the statement was canceled); a failed attempt with backoff, not a bug.
+INTERRUPTIONS = (QueryCanceled, LockNotAvailable)
 
 
 @dataclass(frozen=True)
@@ -33,6 +31,15 @@ class WorkerSettings:
     max_attempts: int
     retry_backoff_seconds: int
     paused: bool = False
+
+    def budget_ms(self, stage: Literal["claim", "compute", "publish"]) -> int:
+        """The statement budget a stage arms (each statement of the stage runs under it)."""
+        budgets = {
+            "claim": self.claim_budget_ms,
+            "compute": self.compute_budget_ms,
+            "publish": self.publish_budget_ms,
+        }
+        return budgets[stage]
 
 
 @dataclass(frozen=True)
@@ -129,7 +136,8 @@ class ComputeResult:
 
 @dataclass(frozen=True)
 class PublishResult:
-    status: Literal["published", "rejected", "lease_lost", "retry_pending", "failed"]
+    # lost: the run's lease was gone (expired, or another lease took the job).
+    status: Literal["published", "rejected", "lost", "retry_pending", "failed"]
     user_id: UUID
     generation: int
     applied_version: int | None = None

@@ -38,6 +38,7 @@ def request_rebuild(conn: Connection, user_ids: list[UUID] | None) -> RebuildPro
 
 
 def read_pr_overview(conn: Connection, user_id: UUID, as_of: Any) -> list[dict[str, Any]]:
-    """The fail-closed reader: raises (SQLSTATE 55000) unless the applied generation has a
-    snapshot for exactly this date; each row says whether the generation is stale."""
+    """The fail-closed reader: raises ObjectNotInPrerequisiteState (SQLSTATE 55000)
+    unless the applied generation has a snapshot for exactly this date; each row says
+    whether the generation is stale."""
     return repo.read_pr_overview(conn, user_id, as_of)

@@ -5,16 +5,12 @@ base has not moved."""
 
 from __future__ import annotations
 
-import time
-
-from inventory_pipeline.db import Connection, DatabaseError, transaction
+from inventory_pipeline.db import Connection, ForeignKeyViolation, transaction
 from inventory_pipeline.stats import repository as repo
-from inventory_pipeline.stats.models import (
-    FOREIGN_KEY_VIOLATION,
-    INTERRUPTIONS,
-    PublishResult,
-    StatsClaim,
-)
+from inventory_pipeline.stats.models import INTERRUPTIONS, PublishResult, StatsClaim
+
+# Why a publication whose stage call hit a deleted referenced row is rejected.
+DELETED_REFERENCE = "a referenced canonical row was deleted (23503)"
 
 
 def publish(
@@ -26,46 +22,28 @@ def publish(
     successor too. An interruption (57014/55P03) is a failed attempt with backoff: the
     output stays for the retry (unless the caller handles it itself: the scoped
     processor)."""
-    started = time.perf_counter()
     try:
         try:
             return repo.publish_stage(conn, claim)
-        except DatabaseError as exc:
-            if exc.sqlstate != FOREIGN_KEY_VIOLATION:
-                raise
-        # A referenced row went away: the statement-by-statement path rejects it.
-        with transaction(conn):
-            return _publish(conn, claim, started)
-    except DatabaseError as exc:
-        if not (record_interruptions and exc.sqlstate in INTERRUPTIONS):
+        except ForeignKeyViolation:
+            # The stage call rolled back whole, after its generation and base checks
+            # passed: only the rejection is left to do.
+            return _reject_deleted_reference(conn, claim)
+    except INTERRUPTIONS as exc:
+        if not record_interruptions:
             raise
         return _defer(conn, claim, f"publish interrupted ({exc.sqlstate})")
 
 
-def _publish(conn: Connection, claim: StatsClaim, started: float) -> PublishResult:
-    repo.arm_stage(conn, "publish", claim.lease_token)
-    publication = repo.lock_publish(conn, claim)
-    if publication is None:
-        return PublishResult("lease_lost", claim.user_id, claim.target_version)
-    _, applied = repo.lock_user_state(conn, claim.user_id)
-    if claim.target_version <= applied:
-        return _reject(
-            conn, claim, f"generation {claim.target_version} is not newer than applied {applied}"
-        )
-    if applied != publication.base_applied_version:
-        return _reject(conn, claim, "the published base moved")
-    try:
-        with transaction(conn):
-            repo.replace_projections(conn, claim, publication)
-    except DatabaseError as exc:
-        if exc.sqlstate != FOREIGN_KEY_VIOLATION:
-            raise
-        return _reject(conn, claim, "a referenced canonical row was deleted (23503)")
-    applied = repo.advance_applied(conn, claim.user_id, claim.target_version)
-    # applied_version itself is the publication fence of the PR window (no flag).
-    repo.publish_pr_window(conn, claim.user_id, claim.target_version)
-    repo.finish_published(conn, claim, (time.perf_counter() - started) * 1000)
-    return PublishResult("published", claim.user_id, claim.target_version, applied)
+def _reject_deleted_reference(conn: Connection, claim: StatsClaim) -> PublishResult:
+    """Reject into the successor under the run's live lease and the user's publication
+    lock, as the stage call rejects a moved base."""
+    with transaction(conn):
+        repo.arm_stage(conn, "publish", claim.lease_token)
+        if not repo.lock_publish(conn, claim):
+            return PublishResult("lost", claim.user_id, claim.target_version)
+        repo.lock_user_state(conn, claim.user_id)
+        return _reject(conn, claim, DELETED_REFERENCE)
 
 
 def _reject(conn: Connection, claim: StatsClaim, reason: str) -> PublishResult:
@@ -82,7 +60,7 @@ def _defer(conn: Connection, claim: StatsClaim, error: str) -> PublishResult:
         settings = repo.arm_stage(conn, "claim", claim.lease_token)
         run = repo.lock_run(conn, claim)
         if run is None or run.phase != "computed":
-            return PublishResult("lease_lost", claim.user_id, claim.target_version)
+            return PublishResult("lost", claim.user_id, claim.target_version)
         if run.attempts >= settings.max_attempts:
             repo.retire_run(conn, claim.run_id, "failed", error)
             repo.fail_job(conn, claim.job_id, error)

@@ -36,37 +36,6 @@ FROM stats_compute_stage(%(run_id)s, %(lease_token)s, %(batch_size)s);
 SELECT publish_status, publish_applied_version, publish_reason
 FROM stats_publish_stage(%(run_id)s, %(lease_token)s);
 
--- name: lock_lease_slots
--- Claims that may start a lease take turns (until their commit), so the count that
--- follows, in a fresh snapshot, sees every committed lease: the cap holds atomically.
-SELECT pg_advisory_xact_lock(hashtextextended('stats_lease_slots', 0));
-
--- name: try_lock_lease_slots
--- The same turn without waiting (the scoped processor, whose claim stays uncommitted
--- through its compute and publish, never queues behind another claim).
-SELECT pg_try_advisory_xact_lock(hashtextextended('stats_lease_slots', 0)) AS locked;
-
--- name: active_leases
--- Active by the one definition the status function uses too (stats_run_is_active).
-SELECT count(*) AS active FROM user_stats_projection_runs r
-WHERE r.phase IN ('claimed', 'computed')
-  AND stats_run_is_active(r.phase, r.lease_until, r.retry_not_before);
-
--- name: declare_lease
-SELECT set_config('inventory.stats_lease_token', %(lease_token)s, true) AS lease_token;
-
--- name: expired_run
--- A dead worker's run: revived at once, under a new lease (no adoption of its output).
-SELECT r.id, r.job_id, r.user_id
-FROM user_stats_projection_runs r
-WHERE r.phase IN ('claimed', 'computed') AND r.lease_until <= now()
-  AND r.retry_not_before IS NULL
-  AND NOT (r.phase = 'claimed' AND r.payload ? '_batch')
-  AND (%(user_id)s::uuid IS NULL OR r.user_id = %(user_id)s::uuid)
-ORDER BY r.lease_until
-LIMIT 1
-FOR UPDATE SKIP LOCKED;
-
 -- name: retire_run
 -- End a run that will not publish; its private output goes with it.
 WITH gone AS (
@@ -77,59 +46,6 @@ WITH gone AS (
 UPDATE user_stats_projection_runs
 SET phase = %(phase)s, error = %(error)s, finished_at = now()
 WHERE id = %(run_id)s;
-
--- name: pending_job
--- The oldest pending job of a user with no job in processing (a unique index makes a
--- stale answer here fail instead of starting a second live job).
-SELECT j.id, j.user_id
-FROM user_exercise_stats_refresh_jobs j
-WHERE j.status = 'pending'
-  AND (%(user_id)s::uuid IS NULL OR j.user_id = %(user_id)s::uuid)
-  AND NOT EXISTS (
-      SELECT 1 FROM user_exercise_stats_refresh_jobs p
-      WHERE p.user_id = j.user_id AND p.status = 'processing'
-  )
-ORDER BY j.created_at, j.id
-LIMIT 1
-FOR UPDATE SKIP LOCKED;
-
--- name: start_job
-UPDATE user_exercise_stats_refresh_jobs
-SET status = 'processing', locked_at = now(), lock_owner = %(lock_owner)s,
-    attempts = attempts + 1, updated_at = now()
-WHERE id = %(job_id)s
-RETURNING id, user_id, from_date, exercise_ids, requested_version, attempts;
-
--- name: absorb_owed_range
--- The claimed job takes the user's owed range into its own: it publishes it, or owes
--- it again if it fails (the trigger on failed jobs). A separate statement after
--- start_job, so its snapshot sees a failure committed while start_job waited.
-WITH owed AS (
-    DELETE FROM user_stats_owed_ranges WHERE user_id = %(user_id)s
-    RETURNING from_date, exercise_ids, failed_job_ids
-)
-UPDATE user_exercise_stats_refresh_jobs j
-SET from_date = stats_merge_from_date(j.from_date, owed.from_date),
-    exercise_ids = stats_merge_exercise_ids(j.exercise_ids, owed.exercise_ids),
-    metadata = j.metadata || jsonb_build_object(
-        'absorbed_failed_jobs',
-        coalesce(j.metadata -> 'absorbed_failed_jobs', '[]') || to_jsonb(owed.failed_job_ids)),
-    updated_at = now()
-FROM owed
-WHERE j.id = %(job_id)s
-RETURNING j.from_date, j.exercise_ids;
-
--- name: create_run
-INSERT INTO user_stats_projection_runs
-    (job_id, user_id, phase, lease_token, lease_until, lock_owner, target_version,
-     base_applied_version, from_date, exercise_ids, attempts)
-SELECT %(job_id)s, %(user_id)s, 'claimed', %(lease_token)s,
-       now() + make_interval(secs => %(lease_seconds)s), %(lock_owner)s,
-       %(target_version)s, coalesce(s.applied_version, 0), %(from_date)s, %(exercise_ids)s,
-       %(attempts)s
-FROM (SELECT 1) AS one
-LEFT JOIN user_stats_refresh_state s ON s.user_id = %(user_id)s
-RETURNING id, lease_until, base_applied_version;
 
 -- name: fail_job
 UPDATE user_exercise_stats_refresh_jobs
@@ -201,29 +117,11 @@ SELECT coalesce(requested_version, 0) AS requested_version,
 FROM (SELECT 1) AS one
 LEFT JOIN user_stats_refresh_state s ON s.user_id = %(user_id)s;
 
--- name: candidate_exercises
--- The exercises a run recomputes: those in scope the user has sets for, plus those in
--- scope already projected (an exercise whose last set went away must disappear).
-SELECT exercise_id FROM (
-    SELECT ts.exercise_id
-    FROM training_sessions s
-    JOIN training_sets ts ON ts.session_id = s.id
-    WHERE s.user_id = %(user_id)s
-      AND (cardinality(%(exercise_ids)s::text[]) = 0
-           OR ts.exercise_id = ANY (%(exercise_ids)s::text[]))
-    UNION
-    SELECT exercise_id FROM user_exercise_stats
-    WHERE user_id = %(user_id)s
-      AND (cardinality(%(exercise_ids)s::text[]) = 0
-           OR exercise_id = ANY (%(exercise_ids)s::text[]))
-    UNION
-    SELECT unnest(%(exercise_ids)s::text[])
-) AS candidates
-ORDER BY exercise_id;
-
 -- name: compute_exercises
--- Per exercise: sessions, working sets, reps, volume (weight × reps over non-warm-up
--- sets), heaviest weight, best Epley estimate, first and last date. Set-based: no
+-- One batch of a run in batches (the compute stage call computes every other run with
+-- the same statement; a test keeps the two identical). Per exercise: sessions, working
+-- sets, reps, volume (weight × reps over non-warm-up sets), heaviest weight, best Epley
+-- estimate, first and last date. Set-based: no
 -- per-exercise temporary relations (their locks exhausted shared lock memory, 53200).
 INSERT INTO stats_output_exercise
     (run_id, exercise_id, sessions, working_sets, reps, volume, heaviest_kg, best_e1rm_kg,
@@ -243,8 +141,9 @@ WHERE s.user_id = %(user_id)s AND ts.exercise_id = ANY (%(exercise_ids)s::text[]
 GROUP BY ts.exercise_id;
 
 -- name: compute_periods
--- Per user per period (day, ISO week from Monday, month, quarter, year) from the
--- period holding from_date (NULL: all history).
+-- The finalization of a run in batches (the compute stage call's same statement, kept
+-- identical by a test). Per user per period (day, ISO week from Monday, month, quarter,
+-- year) from the period holding from_date (NULL: all history).
 INSERT INTO stats_output_period
     (run_id, period, period_start, sessions, working_sets, reps, volume)
 SELECT %(run_id)s, p.period, date_trunc(p.period, s.session_date)::date,
@@ -282,108 +181,23 @@ SET attempts = %(attempts)s, error = %(error)s,
 WHERE id = %(run_id)s
 RETURNING retry_not_before;
 
--- name: resumable_run
--- A run whose retry time has come, or a batch run left behind by a dead worker: it
--- resumes under the same token and cursor (compute checks its inputs).
-SELECT r.id, r.lease_token
-FROM user_stats_projection_runs r
-WHERE ((r.phase IN ('claimed', 'computed') AND r.retry_not_before <= now())
-       OR (r.phase = 'claimed' AND r.retry_not_before IS NULL AND r.payload ? '_batch'
-           AND r.lease_until <= now()))
-  AND (%(user_id)s::uuid IS NULL OR r.user_id = %(user_id)s::uuid)
-ORDER BY r.id
-LIMIT 1
-FOR UPDATE SKIP LOCKED;
-
--- name: resume_run
--- The resumed run is active again: a fresh lease, no retry time; resuming a dead
--- worker's lease consumes a retry (compute fails the run past the attempt cap).
-UPDATE user_stats_projection_runs
-SET attempts = attempts + CASE WHEN retry_not_before IS NULL AND lease_until <= now()
-                               THEN 1 ELSE 0 END,
-    retry_not_before = NULL,
-    lease_until = now() + make_interval(secs => %(lease_seconds)s),
-    lock_owner = %(lock_owner)s
-WHERE id = %(run_id)s
-RETURNING id, job_id, user_id, lease_token, target_version, base_applied_version, from_date,
-          exercise_ids;
-
 -- name: lock_publish
--- Publication: the computed run under its live lease, then the user's state row.
-SELECT r.id, r.job_id, r.user_id, r.target_version, r.base_applied_version, r.from_date,
-       r.payload, r.attempts
+-- A rejection outside the publish stage call: the computed run under its live lease,
+-- then (lock_user_publish, lock_state) the user's state row, as the stage call locks.
+SELECT r.id
 FROM user_stats_projection_runs r
 WHERE r.id = %(run_id)s AND r.lease_token = %(lease_token)s
   AND r.phase = 'computed' AND r.lease_until > now()
 FOR UPDATE;
 
 -- name: lock_user_publish
--- Concurrent workers for one user serialize build and publish.
+-- Concurrent workers for one user serialize build and publish (the stage call's lock).
 SELECT pg_advisory_xact_lock(hashtextextended('stats_publish:' || %(user_id)s::text, 0));
 
 -- name: lock_state
 INSERT INTO user_stats_refresh_state (user_id) VALUES (%(user_id)s)
 ON CONFLICT (user_id) DO UPDATE SET user_id = EXCLUDED.user_id
 RETURNING requested_version, applied_version;
-
--- name: force_constraints
-SET CONSTRAINTS ALL IMMEDIATE;
-
--- name: replace_exercise_stats
-WITH removed AS (
-    DELETE FROM user_exercise_stats
-    WHERE user_id = %(user_id)s AND exercise_id = ANY (%(exercise_ids)s::text[])
-)
-INSERT INTO user_exercise_stats
-    (user_id, exercise_id, sessions, working_sets, reps, volume, heaviest_kg, best_e1rm_kg,
-     first_date, last_date, generation)
-SELECT %(user_id)s, o.exercise_id, o.sessions, o.working_sets, o.reps, o.volume,
-       o.heaviest_kg, o.best_e1rm_kg, o.first_date, o.last_date, %(generation)s
-FROM stats_output_exercise o
-WHERE o.run_id = %(run_id)s
-ON CONFLICT (user_id, exercise_id) DO UPDATE
-SET sessions = EXCLUDED.sessions, working_sets = EXCLUDED.working_sets,
-    reps = EXCLUDED.reps, volume = EXCLUDED.volume, heaviest_kg = EXCLUDED.heaviest_kg,
-    best_e1rm_kg = EXCLUDED.best_e1rm_kg, first_date = EXCLUDED.first_date,
-    last_date = EXCLUDED.last_date, generation = EXCLUDED.generation;
-
--- name: replace_period_stats
-WITH removed AS (
-    DELETE FROM user_training_period_stats
-    WHERE user_id = %(user_id)s
-      AND (%(from_date)s::date IS NULL
-           OR period_start >= date_trunc(period, %(from_date)s::date)::date)
-)
-INSERT INTO user_training_period_stats
-    (user_id, period, period_start, sessions, working_sets, reps, volume, generation)
-SELECT %(user_id)s, o.period, o.period_start, o.sessions, o.working_sets, o.reps, o.volume,
-       %(generation)s
-FROM stats_output_period o
-WHERE o.run_id = %(run_id)s
-ON CONFLICT (user_id, period, period_start) DO UPDATE
-SET sessions = EXCLUDED.sessions, working_sets = EXCLUDED.working_sets,
-    reps = EXCLUDED.reps, volume = EXCLUDED.volume, generation = EXCLUDED.generation;
-
--- name: advance_applied
--- Public projections and applied_version change together (one transaction).
-UPDATE user_stats_refresh_state
-SET applied_version = greatest(applied_version, %(generation)s), updated_at = now()
-WHERE user_id = %(user_id)s
-RETURNING applied_version, requested_version;
-
--- name: finish_published
-WITH gone AS (
-    DELETE FROM stats_output_exercise WHERE run_id = %(run_id)s
-), gone_periods AS (
-    DELETE FROM stats_output_period WHERE run_id = %(run_id)s
-), run AS (
-    UPDATE user_stats_projection_runs
-    SET phase = 'published', publish_ms = %(publish_ms)s, finished_at = now()
-    WHERE id = %(run_id)s
-)
-UPDATE user_exercise_stats_refresh_jobs
-SET status = 'completed', completed_at = now(), updated_at = now(), error_message = NULL
-WHERE id = %(job_id)s;
 
 -- name: supersede_job
 -- A rejected payload: its scope moves into the successor (merge-enqueue), the job ends.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from datetime import date, datetime
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -59,10 +59,6 @@ def arm_stage(conn: Connection, stage: str, lease_token: UUID | None) -> WorkerS
     the settings, in one round trip."""
     token = "" if lease_token is None else str(lease_token)
     return _settings(_one(conn, "arm_stage", {"stage": stage, "lease_token": token}))
-
-
-def declare_lease(conn: Connection, lease_token: UUID) -> None:
-    fetch_one(conn, QUERIES["declare_lease"], {"lease_token": str(lease_token)})
 
 
 def read_settings(conn: Connection) -> WorkerSettings:
@@ -144,8 +140,10 @@ def publish_stage(conn: Connection, claim: StatsClaim) -> PublishResult:
     row = _stage_call(conn, "publish", claim.lease_token, "publish_stage", params)
     if row is None:
         raise LookupError("stats query publish_stage returned no row")
+    status = row["publish_status"]
     return PublishResult(
-        status=row["publish_status"],
+        # The stage function's word for a lost lease predates the one word "lost".
+        status="lost" if status == "lease_lost" else status,
         user_id=claim.user_id,
         generation=claim.target_version,
         applied_version=row["publish_applied_version"],
@@ -153,129 +151,11 @@ def publish_stage(conn: Connection, claim: StatsClaim) -> PublishResult:
     )
 
 
-# -- claim ---------------------------------------------------------------------------
-
-
-def active_leases_after_lock(conn: Connection, wait: bool = True) -> int | None:
-    """Take the lease-slot lock (claims take turns until commit), then count active
-    leases in a snapshot that sees every committed one. None when `wait` is false and
-    another claim holds the turn."""
-    if wait:
-        execute(conn, QUERIES["lock_lease_slots"])
-    elif not _one(conn, "try_lock_lease_slots")["locked"]:
-        return None
-    return int(_one(conn, "active_leases")["active"])
-
-
-def resumable_run(conn: Connection, user_id: UUID | None) -> tuple[int, UUID] | None:
-    row = fetch_one(conn, QUERIES["resumable_run"], {"user_id": user_id})
-    return None if row is None else (int(row["id"]), row["lease_token"])
-
-
-def resume_run(conn: Connection, run_id: int, lease_seconds: int, lock_owner: str) -> StatsClaim:
-    row = _one(
-        conn,
-        "resume_run",
-        {"run_id": run_id, "lease_seconds": lease_seconds, "lock_owner": lock_owner},
-    )
-    return StatsClaim(
-        run_id=row["id"],
-        job_id=row["job_id"],
-        user_id=row["user_id"],
-        lease_token=row["lease_token"],
-        target_version=row["target_version"],
-        base_applied_version=row["base_applied_version"],
-        from_date=row["from_date"],
-        exercise_ids=_ids(row["exercise_ids"]),
-    )
-
-
-def expired_run(conn: Connection, user_id: UUID | None) -> tuple[int, int] | None:
-    """A dead worker's run (not a batch, not backing off): its id and job."""
-    row = fetch_one(conn, QUERIES["expired_run"], {"user_id": user_id})
-    return None if row is None else (int(row["id"]), int(row["job_id"]))
+# -- runs and jobs ---------------------------------------------------------------------
 
 
 def retire_run(conn: Connection, run_id: int, phase: str, error: str) -> None:
     execute(conn, QUERIES["retire_run"], {"run_id": run_id, "phase": phase, "error": error})
-
-
-def pending_job(conn: Connection, user_id: UUID | None) -> int | None:
-    row = fetch_one(conn, QUERIES["pending_job"], {"user_id": user_id})
-    return None if row is None else int(row["id"])
-
-
-@dataclass(frozen=True)
-class StartedJob:
-    job_id: int
-    user_id: UUID
-    from_date: date | None
-    exercise_ids: tuple[str, ...] | None
-    requested_version: int
-    attempts: int
-
-
-def start_job(conn: Connection, job_id: int, lock_owner: str) -> StartedJob:
-    row = _one(conn, "start_job", {"job_id": job_id, "lock_owner": lock_owner})
-    return StartedJob(
-        job_id=row["id"],
-        user_id=row["user_id"],
-        from_date=row["from_date"],
-        exercise_ids=_ids(row["exercise_ids"]),
-        requested_version=row["requested_version"],
-        attempts=row["attempts"],
-    )
-
-
-def absorb_owed_range(conn: Connection, job: StartedJob) -> StartedJob:
-    """The job with the user's owed range merged into its own (unchanged if none)."""
-    row = fetch_one(
-        conn, QUERIES["absorb_owed_range"], {"user_id": job.user_id, "job_id": job.job_id}
-    )
-    if row is None:
-        return job
-    return StartedJob(
-        job.job_id,
-        job.user_id,
-        row["from_date"],
-        _ids(row["exercise_ids"]),
-        job.requested_version,
-        job.attempts,
-    )
-
-
-def create_run(
-    conn: Connection,
-    job: StartedJob,
-    lease_token: UUID,
-    lease_seconds: int,
-    lock_owner: str,
-) -> StatsClaim:
-    row = _one(
-        conn,
-        "create_run",
-        {
-            "job_id": job.job_id,
-            "user_id": job.user_id,
-            "lease_token": lease_token,
-            "lease_seconds": lease_seconds,
-            "lock_owner": lock_owner,
-            "target_version": job.requested_version,
-            "from_date": job.from_date,
-            "exercise_ids": _id_list(job.exercise_ids),
-            "attempts": job.attempts,
-        },
-    )
-    return StatsClaim(
-        run_id=row["id"],
-        job_id=job.job_id,
-        user_id=job.user_id,
-        lease_token=lease_token,
-        target_version=job.requested_version,
-        base_applied_version=row["base_applied_version"],
-        from_date=job.from_date,
-        exercise_ids=job.exercise_ids,
-    )
 
 
 def fail_job(conn: Connection, job_id: int, error: str) -> None:
@@ -322,15 +202,6 @@ def user_versions(conn: Connection, user_id: UUID) -> tuple[int, int]:
     """(requested_version, applied_version) of a user (0, 0 when it has none)."""
     row = _one(conn, "user_versions", {"user_id": user_id})
     return int(row["requested_version"]), int(row["applied_version"])
-
-
-def candidate_exercises(conn: Connection, claim: StatsClaim) -> tuple[str, ...]:
-    rows = fetch_all(
-        conn,
-        QUERIES["candidate_exercises"],
-        {"user_id": claim.user_id, "exercise_ids": _id_list(claim.exercise_ids)},
-    )
-    return tuple(r["exercise_id"] for r in rows)
 
 
 def compute_exercises(conn: Connection, claim: StatsClaim, exercises: tuple[str, ...]) -> None:
@@ -396,28 +267,10 @@ def defer_run(
 # -- publish -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Publication:
-    """A computed run under its live lease, locked for publication."""
-
-    base_applied_version: int
-    from_date: date | None
-    exercises: tuple[str, ...]
-    attempts: int
-
-
-def lock_publish(conn: Connection, claim: StatsClaim) -> Publication | None:
-    row = fetch_one(
-        conn, QUERIES["lock_publish"], {"run_id": claim.run_id, "lease_token": claim.lease_token}
-    )
-    if row is None:
-        return None
-    return Publication(
-        base_applied_version=row["base_applied_version"],
-        from_date=row["from_date"],
-        exercises=tuple(row["payload"]["manifest"]["exercises"]),
-        attempts=int(row["attempts"]),
-    )
+def lock_publish(conn: Connection, claim: StatsClaim) -> bool:
+    """Lock the computed run under its live lease (False: the lease is lost)."""
+    params = {"run_id": claim.run_id, "lease_token": claim.lease_token}
+    return fetch_one(conn, QUERIES["lock_publish"], params) is not None
 
 
 def lock_user_state(conn: Connection, user_id: UUID) -> tuple[int, int]:
@@ -428,38 +281,14 @@ def lock_user_state(conn: Connection, user_id: UUID) -> tuple[int, int]:
     return int(row["requested_version"]), int(row["applied_version"])
 
 
-def replace_projections(conn: Connection, claim: StatsClaim, publication: Publication) -> None:
-    """Swap in the run's output (foreign keys checked immediately: 23503 if a referenced
-    canonical row went away during the computation)."""
-    params = {"user_id": claim.user_id, "run_id": claim.run_id, "generation": claim.target_version}
-    execute(conn, QUERIES["force_constraints"])
-    execute(
-        conn,
-        QUERIES["replace_exercise_stats"],
-        {**params, "exercise_ids": list(publication.exercises)},
-    )
-    execute(conn, QUERIES["replace_period_stats"], {**params, "from_date": publication.from_date})
-
-
-def advance_applied(conn: Connection, user_id: UUID, generation: int) -> int:
-    row = _one(conn, "advance_applied", {"user_id": user_id, "generation": generation})
-    return int(row["applied_version"])
-
-
 def publish_pr_window(conn: Connection, user_id: UUID, generation: int) -> None:
-    """The PR overview window of this generation, and the rollover it is due for."""
+    """The PR overview window of this generation, and the rollover it is due for, as
+    the publish stage builds them (for a caller that loads generations without
+    publishing them, such as a benchmark's setup; a test keeps the two identical)."""
     window = {"user_id": user_id, "generation": generation}
     execute(conn, QUERIES["drop_older_snapshots"], window)
     execute(conn, QUERIES["build_pr_snapshot"], window)
     execute(conn, QUERIES["schedule_rollover"], window)
-
-
-def finish_published(conn: Connection, claim: StatsClaim, publish_ms: float) -> None:
-    execute(
-        conn,
-        QUERIES["finish_published"],
-        {"run_id": claim.run_id, "job_id": claim.job_id, "publish_ms": publish_ms},
-    )
 
 
 def supersede_job(conn: Connection, job_id: int, error: str) -> int:

@@ -7,11 +7,15 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from inventory_pipeline.db import Connection, DatabaseError, transaction
+from inventory_pipeline.db import (
+    CheckViolation,
+    Connection,
+    NumericValueOutOfRange,
+    transaction,
+)
 from inventory_pipeline.stats import repository as repo
-from inventory_pipeline.stats.models import CHECK_VIOLATION, RetryOutcome, WorkerSettings
+from inventory_pipeline.stats.models import RetryOutcome, WorkerSettings
 
-NUMERIC_OUT_OF_RANGE = "22003"
 # What an operator may change: every setting but the pause (pause and resume do that).
 SETTING_NAMES = tuple(f.name for f in fields(WorkerSettings) if f.name != "paused")
 
@@ -33,11 +37,9 @@ def change_settings(conn: Connection, changes: dict[str, int | None]) -> WorkerS
     try:
         with transaction(conn):
             return repo.update_settings(conn, dict(changes))
-    except DatabaseError as exc:
-        if exc.sqlstate in (CHECK_VIOLATION, NUMERIC_OUT_OF_RANGE):
-            first = str(exc).splitlines()[0] if str(exc) else exc.sqlstate
-            raise RunbookError(f"settings refused: {first}") from None
-        raise
+    except (CheckViolation, NumericValueOutOfRange) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else exc.sqlstate
+        raise RunbookError(f"settings refused: {first}") from None
 
 
 def pause(conn: Connection) -> WorkerSettings:

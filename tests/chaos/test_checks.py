@@ -56,7 +56,7 @@ def test_product_errors_carry_their_sqlstate(conn: Connection) -> None:
             (lib,),
         )
     assert caught.value.sqlstate == "23505"
-    assert error_line("refresher", caught.value).startswith("refresher: DatabaseError [23505]: ")
+    assert error_line("refresher", caught.value).startswith("refresher: UniqueViolation [23505]: ")
 
 
 def test_worker_errors_are_judged_by_sqlstate(db_url: str) -> None:

@@ -192,5 +192,5 @@ def test_one_items_exception_fails_that_item_alone(
     assert row["observation_due_at"] >= datetime.now(UTC) + timedelta(hours=23)
     [failed] = [r for r in summary.results if r.item_id == items[1]]
     notice = service.notice(failed)
-    assert notice is not None and notice[0] == "warning" and "DatabaseError" in notice[1]
+    assert notice is not None and notice[0] == "warning" and "CheckViolation" in notice[1]
     assert fetch_one(conn, "SELECT count(*) AS n FROM provider_observations") == {"n": 3}

@@ -143,7 +143,7 @@ def test_publication_never_goes_back_a_generation(conn: Connection) -> None:
     assert processors.process_user(conn, user, "app").outcome == "published"
     assert sf.versions(conn, user) == (2, 2)
     # A replayed publication of the old run changes nothing.
-    assert service.publish(conn, first).status == "lease_lost"
+    assert service.publish(conn, first).status == "lost"
     assert sf.versions(conn, user) == (2, 2)
 
 
@@ -203,14 +203,14 @@ def test_stats_completion_after_lease_loss_in_every_order(conn: Connection, orde
     assert new is not None and new.job_id == old.job_id and new.lease_token != old.lease_token
     if order == "old then new":
         assert service.compute(conn, old).status == "failed"
-        assert service.publish(conn, old).status == "lease_lost"
+        assert service.publish(conn, old).status == "lost"
         service.compute(conn, new)
         assert service.publish(conn, new).status == "published"
     else:
         service.compute(conn, new)
         assert service.publish(conn, new).status == "published"
         assert service.compute(conn, old).status == "failed"
-        assert service.publish(conn, old).status == "lease_lost"
+        assert service.publish(conn, old).status == "lost"
     assert sf.versions(conn, user) == (1, 1)
     assert sf.exercise_stats(conn, user)["squat"]["sessions"] == 1
 

@@ -230,3 +230,42 @@ def test_stale_not_exists_cannot_start_a_second_live_job(
     )
     assert [r["id"] for r in live] == [j1]
     assert results == [None]
+
+
+def test_a_refused_start_is_claimed_again_past_that_user(
+    conn: Connection, db_url: str, user: uuid.UUID
+) -> None:
+    """The refusal above rolls the stage call back whole; the call made again sees J1
+    live, passes that user by and claims another user's pending job."""
+    j1, _ = two_pending_jobs(conn, db_url, user)
+    other = uuid.uuid4()
+    sf.save(conn, other, D, sf.sets(("squat", 90, 5)))
+    results: list[StatsClaim | BaseException | None] = []
+    with connect(db_url) as first, connect(db_url) as second:
+        pid = fetch_one(second, "SELECT pg_backend_pid() AS pid")["pid"]  # type: ignore[index]
+
+        def late_claim() -> None:
+            try:
+                results.append(service.claim(second, "w2"))
+            except BaseException as exc:  # reported below
+                results.append(exc)
+
+        with first.transaction():
+            execute(
+                first,
+                "UPDATE user_exercise_stats_refresh_jobs SET status = 'processing',"
+                " locked_at = now(), lock_owner = 'w1' WHERE id = %s",
+                (j1,),
+            )
+            thread = threading.Thread(target=late_claim)
+            thread.start()
+            wait_until_blocked(conn, pid, thread)
+        thread.join(timeout=30)
+    [claimed] = results
+    assert isinstance(claimed, StatsClaim) and claimed.user_id == other
+    live = fetch_all(
+        conn,
+        "SELECT user_id FROM user_exercise_stats_refresh_jobs WHERE status = 'processing'"
+        " ORDER BY id",
+    )
+    assert [r["user_id"] for r in live] == [user, other]

@@ -10,8 +10,14 @@ from decimal import Decimal
 
 import pytest
 
-from inventory_pipeline.db import Connection, DatabaseError, connect, execute, fetch_all, fetch_one
-from inventory_pipeline.db.connection import is_error
+from inventory_pipeline.db import (
+    Connection,
+    ObjectNotInPrerequisiteState,
+    connect,
+    execute,
+    fetch_all,
+    fetch_one,
+)
 from inventory_pipeline.stats import maintenance, processors, service
 from tests import stats_factories as sf
 
@@ -37,8 +43,8 @@ def read(conn: Connection, user: uuid.UUID, day: date) -> dict[str, dict[str, ob
 def fails_closed(conn: Connection, user: uuid.UUID, day: date) -> bool:
     try:
         processors.read_pr_overview(conn, user, day)
-    except DatabaseError as exc:
-        return is_error(exc, "55000")
+    except ObjectNotInPrerequisiteState:
+        return True
     return False
 
 

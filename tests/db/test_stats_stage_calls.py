@@ -1,13 +1,18 @@
 """Each worker stage is one server-side call sent with its budget in one round trip: a
-session that goes away during the call leaves a connection that fails cleanly."""
+session that goes away during the call leaves a connection that fails cleanly. The few
+statements the client still runs beside the stage calls (the batches of a large
+account, a rejection after 23503, a window built outside publication) must give what
+the stage calls give: the same inputs go through both paths here."""
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import uuid
 from datetime import date
+from typing import Any
 
 import pytest
 
@@ -16,9 +21,15 @@ from inventory_pipeline.db import (
     DatabaseUnavailable,
     connect,
     execute,
+    fetch_all,
     fetch_one,
+    transaction,
 )
-from inventory_pipeline.stats import service
+from inventory_pipeline.stats import compute as compute_module
+from inventory_pipeline.stats import processors, service
+from inventory_pipeline.stats import publish as publish_module
+from inventory_pipeline.stats import repository as repo
+from inventory_pipeline.stats.models import StatsClaim
 from tests import stats_factories as sf
 
 D = date(2026, 3, 10)
@@ -66,3 +77,171 @@ def test_a_session_ended_during_a_stage_call_leaves_a_cleanly_failing_connection
             with pytest.raises(DatabaseUnavailable):
                 fetch_one(worker, "SELECT 1")
         assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
+
+
+def claimed_for(conn: Connection, user: uuid.UUID) -> StatsClaim:
+    claimed = service.claim(conn, "w", user)
+    assert claimed is not None
+    return claimed
+
+
+def published(conn: Connection, user: uuid.UUID) -> dict[str, list[dict[str, Any]]]:
+    """A user's public projections and PR overview window, without user or generation."""
+    return {
+        "exercises": fetch_all(
+            conn,
+            "SELECT exercise_id, sessions, working_sets, reps, volume, heaviest_kg,"
+            " best_e1rm_kg, first_date, last_date FROM user_exercise_stats"
+            " WHERE user_id = %s ORDER BY exercise_id",
+            (user,),
+        ),
+        "periods": fetch_all(
+            conn,
+            "SELECT period, period_start, sessions, working_sets, reps, volume"
+            " FROM user_training_period_stats WHERE user_id = %s ORDER BY 1, 2",
+            (user,),
+        ),
+        "window": fetch_all(
+            conn,
+            "SELECT as_of_date, exercise_id, best_e1rm_all_time, best_e1rm_30d,"
+            " best_e1rm_30d_prior_year, heaviest_kg FROM user_pr_exercise_summary_snapshots"
+            " WHERE user_id = %s ORDER BY 1, 2",
+            (user,),
+        ),
+    }
+
+
+def manifest_mode(conn: Connection, user: uuid.UUID) -> str:
+    row = fetch_one(
+        conn,
+        "SELECT payload -> 'manifest' ->> 'mode' AS mode FROM user_stats_projection_runs"
+        " WHERE user_id = %s AND phase = 'published'",
+        (user,),
+    )
+    assert row is not None
+    return str(row["mode"])
+
+
+def test_a_batched_account_publishes_what_the_compute_stage_call_computes(
+    conn: Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two users with one history of 120 exercises: one computed in batches of 100 by
+    the client's statements, the other whole by the stage call."""
+    batched, whole = uuid.uuid4(), uuid.uuid4()
+    for user in (batched, whole):
+        sf.history(conn, user, sessions=60, exercises=120)
+    assert processors.process_claim(conn, claimed_for(conn, batched)).outcome == "published"
+    monkeypatch.setattr(compute_module, "BATCH_SIZE", 1_000)
+    assert processors.process_claim(conn, claimed_for(conn, whole)).outcome == "published"
+    assert (manifest_mode(conn, batched), manifest_mode(conn, whole)) == ("batched", "single")
+    expected = published(conn, whole)
+    assert len(expected["exercises"]) == 120 and expected["periods"]
+    assert published(conn, batched) == expected
+
+
+def rejection(conn: Connection, user: uuid.UUID, reason: str) -> dict[str, Any]:
+    """What a rejection left: the run, the private output, the user's jobs (job ids as
+    positions, session ids and the rejection's reason as placeholders, no times) and
+    versions."""
+    runs = fetch_all(
+        conn,
+        "SELECT r.phase, r.error, r.finished_at IS NOT NULL AS finished,"
+        " (SELECT count(*) FROM stats_output_exercise o WHERE o.run_id = r.id)"
+        " + (SELECT count(*) FROM stats_output_period o WHERE o.run_id = r.id) AS outputs"
+        " FROM user_stats_projection_runs r WHERE r.user_id = %s ORDER BY r.id",
+        (user,),
+    )
+    jobs = sf.jobs(conn, user)
+    position = {job["id"]: n for n, job in enumerate(jobs)}
+
+    def text(value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = re.sub(r"session:[0-9a-f-]+", "session:*", value.replace(reason, "<reason>"))
+        return re.sub(r"job:(\d+)", lambda m: f"job:#{position[int(m[1])]}", value)
+
+    volatile = {"id", "user_id", "created_at", "updated_at", "completed_at", "locked_at"}
+    kept = []
+    for job in jobs:
+        row = {k: v for k, v in job.items() if k not in volatile}
+        row["error_message"] = text(row["error_message"])
+        row["source_ref"] = text(row["source_ref"])
+        row["metadata"] = {
+            k: f"#{position[v]}" if k == "superseded_by" else text(v) if k.endswith("ref") else v
+            for k, v in row["metadata"].items()
+            if k != "last_enqueued_at"
+        }
+        kept.append(row)
+    for run in runs:
+        run["error"] = text(run["error"])
+    return {"runs": runs, "jobs": kept, "versions": sf.versions(conn, user)}
+
+
+def test_a_rejection_after_23503_leaves_what_the_publish_stage_call_s_rejection_leaves(
+    conn: Connection,
+) -> None:
+    """Two users computed alike, both behind a published generation: the stage call
+    rejects one, the client's rejection (the path after a deleted referenced row) the
+    other; runs, jobs, successors and versions end alike."""
+    sf.exercise(conn, "squat")
+    server_side, client_side = uuid.uuid4(), uuid.uuid4()
+    claims = {}
+    for user in (server_side, client_side):
+        sf.save(conn, user, D, sf.sets(("squat", 100, 5)))
+        claims[user] = claimed_for(conn, user)
+        assert service.compute(conn, claims[user]).status == "computed"
+    execute(
+        conn,
+        "UPDATE user_stats_refresh_state SET applied_version = requested_version"
+        " WHERE user_id = ANY (%s)",
+        ([server_side, client_side],),
+    )
+    by_server = service.publish(conn, claims[server_side])
+    by_client = publish_module._reject_deleted_reference(conn, claims[client_side])
+    assert (by_server.status, by_client.status) == ("rejected", "rejected")
+    assert by_server.reason is not None and by_client.reason is not None
+    assert rejection(conn, server_side, by_server.reason) == rejection(
+        conn, client_side, by_client.reason
+    )
+    assert [j["status"] for j in sf.jobs(conn, client_side)] == ["completed", "pending"]
+
+
+def window(conn: Connection, user: uuid.UUID) -> dict[str, list[dict[str, Any]]]:
+    return {
+        "headers": fetch_all(
+            conn,
+            "SELECT generation, as_of_date, catalog_epoch, exercise_count"
+            " FROM user_pr_overview_snapshot_headers WHERE user_id = %s ORDER BY 1, 2",
+            (user,),
+        ),
+        "summaries": published(conn, user)["window"],
+        "rollover": fetch_all(
+            conn,
+            "SELECT due_at, snapshot_generation, applied_catalog_epoch, window_end,"
+            " attempt_count, next_retry_at, last_error"
+            " FROM user_pr_overview_rollover_state WHERE user_id = %s",
+            (user,),
+        ),
+    }
+
+
+def test_publish_pr_window_builds_the_window_the_publish_stage_call_builds(
+    conn: Connection,
+) -> None:
+    """A history a year back, a session yesterday and a manual record: the window the
+    stage call published, dropped and built again by `publish_pr_window`, is the same."""
+    today = date(2025, 1, 20)
+    execute(conn, "SELECT set_config('inventory.stats_today', %s, false)", (today.isoformat(),))
+    user = uuid.uuid4()
+    ids = sf.history(conn, user, sessions=40, exercises=6)
+    sf.save(conn, user, date(2025, 1, 19), sf.sets((ids[0], 120, 3), (ids[1], 80, 8)))
+    execute(conn, "SELECT save_manual_pr(%s, %s, 150, 1, %s)", (user, ids[2], today))
+    processors.drain(conn, "w")
+    generation = sf.versions(conn, user)[1]
+    built = window(conn, user)
+    assert len(built["headers"]) == 3 and built["summaries"] and built["rollover"]
+    with transaction(conn):
+        execute(conn, "DELETE FROM user_pr_overview_snapshot_headers WHERE user_id = %s", (user,))
+        execute(conn, "DELETE FROM user_pr_overview_rollover_state WHERE user_id = %s", (user,))
+        repo.publish_pr_window(conn, user, generation)
+    assert window(conn, user) == built

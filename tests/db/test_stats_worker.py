@@ -144,7 +144,7 @@ def test_lease_fence_rejects_late_writes(conn: Connection, db_url: str, user: uu
                 "UPDATE user_stats_projection_runs SET payload = '{}' WHERE id = %s",
                 (new.run_id,),
             )
-    assert service.publish(conn, old).status == "lease_lost"
+    assert service.publish(conn, old).status == "lost"
     assert service.publish(conn, new).status == "published"
     assert sf.jobs(conn, user)[0]["attempts"] == 2
 
