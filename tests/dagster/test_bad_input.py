@@ -1,4 +1,4 @@
-"""Bad run config and partition keys (issue 8): the run fails with one clear message
+"""Bad run config and partition keys: the run fails with one clear message
 and the database is exactly as it was."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bad input to the write surface and the settings (issue 8): a clear error, and the
+"""Bad input to the write surface and the settings: a clear error, and the
 data exactly as it was (every table's content compared before and after)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""seed 000 change capture: statement-level triggers on real DML."""
+"""Change capture: statement-level triggers on real DML."""
 
 from __future__ import annotations
 

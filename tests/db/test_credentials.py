@@ -1,4 +1,4 @@
-"""seed 004 on real PostgreSQL and the loopback stand-in."""
+"""Verified credential wakeups on real PostgreSQL and the loopback stand-in."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Races of the seeds stepped through explicitly with two or three connections, each
-order asserted (issue 8): planner against writer, completion after lease loss, settings
+"""Races stepped through explicitly with two or three connections, each
+order asserted: planner against writer, completion after lease loss, settings
 save during a probe, enqueue during claim, publication racing a newer generation."""
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ def save_settings(conn: Connection, key: str, language: str | None = None) -> No
 
 
 def key_edit(conn: Connection) -> None:
-    """Away and back: the same key, yet a new generation (seed 004)."""
+    """Away and back: the same key, yet a new generation."""
     save_settings(conn, "another-key")
     save_settings(conn, TMDB_TEST_KEY)
 

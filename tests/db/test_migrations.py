@@ -81,7 +81,7 @@ def test_concurrent_migrators_serialize(empty_db: str) -> None:
 
 
 def test_revision_migration_seeds_existing_libraries_dirty(empty_db: str, tmp_path: Path) -> None:
-    """seed 000: existing nonempty libraries and libraries with stored profiles start
+    """Existing nonempty libraries and libraries with stored profiles start
     dirty; empty libraries without a profile start clean."""
     folder = copy_migrations(tmp_path, upto=1)
     with connect(empty_db) as conn:

@@ -1,5 +1,5 @@
-"""seed 003 on real PostgreSQL and real loopback HTTP: claims, guarded completion,
-recovery cases, source generations, leases, the shared limiter."""
+"""Provider observation and recovery on real PostgreSQL and real loopback HTTP: claims,
+guarded completion, recovery cases, source generations, leases, the shared limiter."""
 
 from __future__ import annotations
 

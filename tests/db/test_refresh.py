@@ -1,4 +1,4 @@
-"""seed 000 planner, outbox and worker on real PostgreSQL."""
+"""The profile planner, outbox and worker on real PostgreSQL."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Security (issue 8): the application role's reach, hostile strings as data through
+"""Security: the application role's reach, hostile strings as data through
 every write path, and hostile provider records that must not become failed writes."""
 
 from __future__ import annotations

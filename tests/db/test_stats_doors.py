@@ -1,5 +1,5 @@
 """The one-owner door, the scoped single-user processor, the status function and the
-database roles (seed 001 D08)."""
+database roles."""
 
 from __future__ import annotations
 

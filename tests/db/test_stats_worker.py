@@ -1,4 +1,4 @@
-"""seed 001 worker (D08 and #1590) on real PostgreSQL: claim -> compute -> publish."""
+"""The training stats worker on real PostgreSQL: claim -> compute -> publish."""
 
 from __future__ import annotations
 
@@ -285,8 +285,8 @@ def test_failed_attempts_exhaust(conn: Connection, db_url: str, user: uuid.UUID)
 
 
 def test_incident_account_with_default_lock_table(conn: Connection, user: uuid.UUID) -> None:
-    """The seed's 53200 account: 658 sessions and 296 exercises complete with
-    max_locks_per_transaction = 64 (no per-exercise relations)."""
+    """The incident account (658 sessions, 296 exercises) completes with
+    max_locks_per_transaction = 64: no per-exercise relations."""
     row = fetch_one(conn, "SHOW max_locks_per_transaction")
     assert row is not None and row["max_locks_per_transaction"] == "64"
     sf.history(conn, user, sessions=658, exercises=296, seed=7)

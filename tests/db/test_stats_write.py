@@ -1,4 +1,4 @@
-"""seed 001 write surface and queue on real PostgreSQL."""
+"""The training stats write surface and queue on real PostgreSQL."""
 
 from __future__ import annotations
 

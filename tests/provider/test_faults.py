@@ -1,4 +1,4 @@
-"""Provider faults over real loopback HTTP (issue 8): every fault of the list yields the
+"""Provider faults over real loopback HTTP: every fault of the list yields the
 right category and bounded Retry-After evidence from the client, and, through the
 observation service, exactly one request per attempt and one bounded due retry."""
 
