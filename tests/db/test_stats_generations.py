@@ -197,12 +197,11 @@ def wait_until_blocked(conn: Connection, pid: int, thread: threading.Thread) -> 
     raise AssertionError(f"backend {pid} neither finished nor waited on a lock")
 
 
-def test_stale_not_exists_cannot_start_a_second_live_job(
-    conn: Connection, db_url: str, user: uuid.UUID
-) -> None:
-    """A claim whose NOT EXISTS check saw J1 still pending (J1's claim not yet
-    committed) takes J2: the one-live-job index makes it wait and then refuses it."""
-    j1, _ = two_pending_jobs(conn, db_url, user)
+def claim_while_first_start_is_uncommitted(
+    conn: Connection, db_url: str, j1: int
+) -> list[StatsClaim | BaseException | None]:
+    """A second worker's claim made while another session has started J1 but not yet
+    committed: the claim blocks on the one-live-job index until that commit."""
     results: list[StatsClaim | BaseException | None] = []
     with connect(db_url) as first, connect(db_url) as second:
         pid = fetch_one(second, "SELECT pg_backend_pid() AS pid")["pid"]  # type: ignore[index]
@@ -224,6 +223,16 @@ def test_stale_not_exists_cannot_start_a_second_live_job(
             thread.start()
             wait_until_blocked(conn, pid, thread)
         thread.join(timeout=30)
+    return results
+
+
+def test_stale_not_exists_cannot_start_a_second_live_job(
+    conn: Connection, db_url: str, user: uuid.UUID
+) -> None:
+    """A claim whose NOT EXISTS check saw J1 still pending (J1's claim not yet
+    committed) takes J2: the one-live-job index makes it wait and then refuses it."""
+    j1, _ = two_pending_jobs(conn, db_url, user)
+    results = claim_while_first_start_is_uncommitted(conn, db_url, j1)
     live = fetch_all(
         conn,
         "SELECT id FROM user_exercise_stats_refresh_jobs WHERE status = 'processing'",
@@ -240,27 +249,7 @@ def test_a_refused_start_is_claimed_again_past_that_user(
     j1, _ = two_pending_jobs(conn, db_url, user)
     other = uuid.uuid4()
     sf.save(conn, other, D, sf.sets(("squat", 90, 5)))
-    results: list[StatsClaim | BaseException | None] = []
-    with connect(db_url) as first, connect(db_url) as second:
-        pid = fetch_one(second, "SELECT pg_backend_pid() AS pid")["pid"]  # type: ignore[index]
-
-        def late_claim() -> None:
-            try:
-                results.append(service.claim(second, "w2"))
-            except BaseException as exc:  # reported below
-                results.append(exc)
-
-        with first.transaction():
-            execute(
-                first,
-                "UPDATE user_exercise_stats_refresh_jobs SET status = 'processing',"
-                " locked_at = now(), lock_owner = 'w1' WHERE id = %s",
-                (j1,),
-            )
-            thread = threading.Thread(target=late_claim)
-            thread.start()
-            wait_until_blocked(conn, pid, thread)
-        thread.join(timeout=30)
+    results = claim_while_first_start_is_uncommitted(conn, db_url, j1)
     [claimed] = results
     assert isinstance(claimed, StatsClaim) and claimed.user_id == other
     live = fetch_all(
