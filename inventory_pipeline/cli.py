@@ -27,6 +27,7 @@ from inventory_pipeline.db import DatabaseError, connect
 from inventory_pipeline.demo import load_demo
 from inventory_pipeline.deployment import (
     DAEMON_COMMAND,
+    INSTANCE_MIGRATE_COMMAND,
     WEBSERVER_COMMAND,
     Deployment,
     prepare_dagster_home,
@@ -351,6 +352,7 @@ def _run_dagster(
         }
     )
     location = ["-m", CODE_LOCATION]
+    children.run("dagster instance migrate", [*INSTANCE_MIGRATE_COMMAND], env, timeout=300)
     children.start("daemon", [*DAEMON_COMMAND, "run", *location], env)
     children.start(
         "webserver", [*WEBSERVER_COMMAND, "-h", args.host, "-p", str(args.port), *location], env

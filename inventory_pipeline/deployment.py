@@ -34,6 +34,10 @@ from inventory_pipeline.settings import Settings, SettingsError
 # Dagster's processes, run with this interpreter (no reliance on console scripts on PATH).
 DAEMON_COMMAND = (sys.executable, "-m", "dagster._daemon")
 WEBSERVER_COMMAND = (sys.executable, "-m", "dagster_webserver")
+# Creates (or upgrades) the instance storage's schema. It runs once before the webserver
+# and the daemon start: two processes creating an empty storage's schema at once collide
+# ("type job_ticks already exists").
+INSTANCE_MIGRATE_COMMAND = (sys.executable, "-m", "dagster", "instance", "migrate")
 
 
 def start_dagster(

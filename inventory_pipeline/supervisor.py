@@ -194,6 +194,32 @@ class Children:
             self.procs[name] = subprocess.Popen(command, env=env, start_new_session=True)
             self._record.write_text(json.dumps([proc.pid for proc in self.procs.values()]))
 
+    def run(self, name: str, command: list[str], env: dict[str, str], timeout: float) -> None:
+        """Run `command` to its end as a recorded group (a stop signal stops it too);
+        raise with the last line it printed when it fails or outlives `timeout`."""
+        with self._signals.deferred():
+            proc = subprocess.Popen(
+                command,
+                env=env,
+                start_new_session=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+            self.procs[name] = proc
+            self._record.write_text(json.dumps([p.pid for p in self.procs.values()]))
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stop_groups([proc.pid])
+            raise SupervisorError(f"{name} did not finish within {timeout:.0f} s") from None
+        finally:
+            if proc.poll() is not None:
+                del self.procs[name]
+                self._record.write_text(json.dumps([p.pid for p in self.procs.values()]))
+        if proc.returncode != 0:
+            lines = output.decode(errors="replace").strip().splitlines() or ["(no output)"]
+            raise SupervisorError(f"{name} exited with code {proc.returncode}: {lines[-1]}")
+
     def exited(self) -> tuple[str, int] | None:
         """The first child that exited, with its exit code."""
         for name, proc in self.procs.items():

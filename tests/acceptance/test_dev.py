@@ -18,6 +18,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from inventory_pipeline import cli
+from inventory_pipeline.db import connect
+from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
+from inventory_pipeline.deployment import Deployment, dagster_storage_url, prepare_dagster_home
+from inventory_pipeline.settings import Settings
+from inventory_pipeline.supervisor import Children, StopSignals
+
 pytestmark = pytest.mark.daemon
 
 ANNOUNCED = "Dagster UI at"
@@ -193,3 +200,49 @@ def test_busy_port_is_refused_before_anything_starts(tmp_path: Path) -> None:
     ]
     assert ANNOUNCED not in result.stdout
     assert not (tmp_path / "pgdata").exists()  # no server was started
+
+
+class _Started(Exception):
+    """Raised by the recording children once both Dagster processes were started."""
+
+
+def test_dagster_storage_is_migrated_once_before_its_processes_start(
+    server_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon and the webserver both create an empty storage's schema when they
+    start; started side by side on a new storage they collide ("type job_ticks already
+    exists") and `dev` exits. So the schema must exist before the first of them starts."""
+    name = f"dagster_dev_{os.getpid()}_{time.monotonic_ns() % 10**9}"
+    with connect(server_url) as admin:
+        create_database(admin, name)
+    storage = url_with_database(server_url, name)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    prepare_dagster_home(Settings.from_env({}), {"DAGSTER_HOME": str(home)})
+    tables_at_start: dict[str, int] = {}
+
+    class Recording(Children):
+        def start(self, name: str, command: list[str], env: dict[str, str]) -> None:
+            with connect(storage) as conn:
+                row = conn.execute(
+                    "SELECT count(*) AS n FROM pg_tables WHERE schemaname = 'public' "
+                    "AND tablename IN ('runs', 'job_ticks', 'event_logs')"
+                ).fetchone()
+            tables_at_start[name] = int(row["n"]) if row else 0
+            if len(tables_at_start) == 2:
+                raise _Started
+
+    args = cli._parser().parse_args(["dev", "--port", str(free_port())])
+    try:
+        with pytest.raises(_Started):
+            cli._run_dagster(
+                args,
+                home,
+                Deployment(server_url, dagster_storage_url(storage), None),
+                Recording(home, StopSignals()),
+            )
+    finally:
+        with connect(server_url) as admin:
+            drop_database(admin, name)
+    assert tables_at_start == {"daemon": 3, "webserver": 3}

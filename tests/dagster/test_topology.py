@@ -32,6 +32,7 @@ from inventory_pipeline.db import connect
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
 from inventory_pipeline.deployment import (
     DAEMON_COMMAND,
+    INSTANCE_MIGRATE_COMMAND,
     WEBSERVER_COMMAND,
     dagster_storage_url,
     start_dagster,
@@ -286,7 +287,7 @@ def test_code_server_webserver_and_daemon_run_the_pipeline_as_separate_processes
     # create the instance's schema once, before the webserver and the daemon start (two
     # processes creating an empty storage's schema at once collide).
     migrated = subprocess.run(
-        [sys.executable, "-m", "dagster", "instance", "migrate"],
+        [*INSTANCE_MIGRATE_COMMAND],
         env={**control_env, "DAGSTER_HOME": dagster_home(tmp_path, "deploy_home")},
         cwd=tmp_path,
         capture_output=True,
