@@ -35,6 +35,7 @@ from typing import Any
 from bench.common import Figure, Mode, Size, over_runs, plot, scratch_database, server_url
 from bench.orchestration import daemon
 from inventory_pipeline.db import Connection, DatabaseError, connect, execute, fetch_all, fetch_one
+from inventory_pipeline.db.connection import database_name
 from inventory_pipeline.defs.profiles import PARTITIONS_NAME, partition_of
 
 GOAL = 100.0  # libraries/s sustained at 100k
@@ -140,7 +141,9 @@ def burst(
         with daemon(admin_url, url, {}) as storage_url, connect(url) as conn:
             wait_for_partitions(storage_url, libraries, limit=max(600.0, libraries / 50))
             time.sleep(6)  # one more sensor tick on the idle population
-            marker = storage_url.rsplit("/", 1)[1]
+            # The storage database's name is in the environment of this daemon's
+            # processes only (the URL's last segment is "pgdata" on an embedded server).
+            marker = database_name(storage_url)
             cpu_before = (_session_cpu(marker), _server_cpu(conn))
             execute(conn, BURST)
             start = time.monotonic()

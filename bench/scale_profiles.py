@@ -134,7 +134,8 @@ def _instance(admin_url: str) -> Iterator[dg.DagsterInstance]:
 
 
 def _apply(instance: dg.DagsterInstance, result: Any) -> None:
-    """What the daemon does with a tick's partition requests."""
+    """What the daemon does with a tick's partition requests (the tick adds keys itself;
+    a request adding them is still applied the daemon's way, one call per slice)."""
     if not isinstance(result, dg.SensorResult):
         return
     for request in result.dynamic_partitions_requests or []:

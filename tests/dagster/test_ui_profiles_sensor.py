@@ -453,25 +453,23 @@ def test_partition_sync_reads_the_key_sets_only_when_they_changed(
     monkeypatch.setattr(instance, "get_dynamic_partitions", counted)
 
     def sync(cursor: str | None) -> tuple[list[str], list[str], str | None]:
-        """One tick, its requests applied as the daemon would: (added, deleted, cursor)."""
+        """One tick, its deletions applied as the daemon would (it adds keys itself):
+        (added, deleted, cursor)."""
+        before = set(read_keys(PARTITIONS))  # not counted: the test's own reads
         context = dg.build_sensor_context(
             instance=instance,
             cursor=cursor,
             resources={"inventory_db": InventoryDatabase(url=db_url)},
         )
         result = sensor(context)
-        added: list[str] = []
+        added = [k for k in read_keys(PARTITIONS) if k not in before]
         deleted: list[str] = []
         if isinstance(result, dg.SensorResult):
             for request in result.dynamic_partitions_requests or []:
-                keys = list(request.partition_keys or [])
-                if isinstance(request, dg.AddDynamicPartitionsRequest):
-                    instance.add_dynamic_partitions(PARTITIONS, keys)
-                    added += keys
-                else:
-                    for key in keys:
-                        instance.delete_dynamic_partition(PARTITIONS, key)
-                    deleted += keys
+                assert isinstance(request, dg.DeleteDynamicPartitionsRequest)
+                for key in request.partition_keys or []:
+                    instance.delete_dynamic_partition(PARTITIONS, key)
+                    deleted.append(key)
         return added, deleted, context.cursor
 
     added, deleted, cursor = sync(None)
@@ -538,15 +536,14 @@ def test_keys_of_one_partition_per_library_are_replaced_on_the_first_tick(
             "synced_at": 4e9,
         }
     )
+    before = set(instance.get_dynamic_partitions(PARTITIONS))
     result = tick(profile_defs.library_profile_sensor, instance, db_url, cursor)
     assert isinstance(result, dg.SensorResult)
-    requests = result.dynamic_partitions_requests or []
-    added, deleted = [], []
-    for request in requests:
-        keys = list(request.partition_keys or [])
-        if isinstance(request, dg.AddDynamicPartitionsRequest):
-            added += keys
-        else:
-            deleted += keys
+    added = [k for k in instance.get_dynamic_partitions(PARTITIONS) if k not in before]
+    deleted = [
+        key
+        for request in result.dynamic_partitions_requests or []
+        for key in request.partition_keys or []
+    ]
     assert sorted(added) == sorted({key_of(lib) for lib in libs})
     assert sorted(deleted) == sorted(str(lib) for lib in libs)
