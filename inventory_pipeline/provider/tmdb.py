@@ -1,4 +1,5 @@
-"""TMDb API v3 client: `GET /3/movie/{id}` and `/3/tv/{id}` with the API-key flow.
+"""TMDb API v3 client: `GET /3/movie/{id}`, `/3/tv/{id}` (with its external ids) and
+`/3/find/{external_id}` with the API-key flow.
 
 Every outcome becomes an Observation or an allowlisted Failure. The key travels in the
 query string, so nothing here ever formats a request URL, an httpx exception or a
@@ -15,8 +16,20 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from inventory_pipeline.provider.models import Failure, FetchResult, ProviderKind
-from inventory_pipeline.provider.parsing import InvalidResponse, parse_body, tmdb_status_code
+from inventory_pipeline.provider.models import (
+    ExternalSource,
+    Failure,
+    FetchResult,
+    FindAnswer,
+    ProviderKind,
+)
+from inventory_pipeline.provider.parsing import (
+    InvalidResponse,
+    external_id_valid,
+    parse_body,
+    parse_find_body,
+    tmdb_status_code,
+)
 from inventory_pipeline.provider.retry_after import MAX_RETRY_AFTER_SECONDS, parse_retry_after
 from inventory_pipeline.provider.transport import DeadlineTransport
 from inventory_pipeline.provider.transport import deadline as request_deadline
@@ -154,11 +167,13 @@ class TmdbClient:
         language: str | None = None,
         limit: int | None = None,
         retry_after_cap_seconds: int = MAX_RETRY_AFTER_SECONDS,
+        query: dict[str, str] | None = None,
     ) -> tuple[int, bytes, int | None] | Failure:
-        """GET a path: (status, decoded body, bounded Retry-After) or a transport Failure."""
+        """GET a path (with `query` besides the key and language): (status, decoded body,
+        bounded Retry-After) or a transport Failure."""
         if not api_key:
             return Failure("configuration", cause="no key")
-        params = {"api_key": api_key}
+        params = {**(query or {}), "api_key": api_key}
         if language:
             params["language"] = language
         deadline = time.monotonic() + self.timeout_seconds
@@ -185,7 +200,9 @@ class TmdbClient:
     def fetch(
         self, kind: ProviderKind, tmdb_id: int, api_key: str | None, language: str | None = None
     ) -> FetchResult:
-        answer = self.get(f"/3/{kind}/{tmdb_id}", api_key, language)
+        """A movie or show; a show's external ids come appended to the same request."""
+        query = {"append_to_response": "external_ids"} if kind == "tv" else None
+        answer = self.get(f"/3/{kind}/{tmdb_id}", api_key, language, query=query)
         if isinstance(answer, Failure):
             return answer
         status, raw, retry_after = answer
@@ -193,5 +210,29 @@ class TmdbClient:
             return classify(status, raw, retry_after)
         try:
             return parse_body(raw, kind, tmdb_id)
+        except InvalidResponse:
+            return Failure("invalid_response", cause="HTTP 200, invalid body")
+
+    def find(
+        self,
+        source: ExternalSource,
+        external_id: str,
+        api_key: str | None,
+        language: str | None = None,
+    ) -> FindAnswer | Failure:
+        """The TMDb records an external id maps to (`/3/find`). Only a well-formed id of
+        its source is ever sent."""
+        if not external_id_valid(source, external_id):
+            return Failure("invalid_response", cause="malformed external id")
+        answer = self.get(
+            f"/3/find/{external_id}", api_key, language, query={"external_source": source}
+        )
+        if isinstance(answer, Failure):
+            return answer
+        status, raw, retry_after = answer
+        if status != 200:
+            return classify(status, raw, retry_after)
+        try:
+            return parse_find_body(raw)
         except InvalidResponse:
             return Failure("invalid_response", cause="HTTP 200, invalid body")
