@@ -18,7 +18,7 @@ CREATE TABLE identity_revalidations (
     case_id uuid PRIMARY KEY,
     item_id bigint NOT NULL,
     source_generation bigint NOT NULL,
-    due_at timestamptz NOT NULL DEFAULT now(),
+    due_at timestamptz DEFAULT now(),  -- NULL: set aside until queued again
     lease_token uuid,
     lease_expires_at timestamptz,
     outcome text CHECK (outcome IN ('proposed', 'no_proposal')),
@@ -50,8 +50,9 @@ CREATE TABLE identity_revalidations (
         (faults = 0) = (last_fault IS NULL) AND (last_fault IS NULL) = (faulted_at IS NULL)
     )
 );
--- The claim walks due rows in this order; waiting rows sit at 'infinity', past the walk.
-CREATE INDEX identity_revalidations_due ON identity_revalidations (due_at, case_id);
+-- The claim walks due rows in this order; rows set aside (no due time) are not in it.
+CREATE INDEX identity_revalidations_due
+    ON identity_revalidations (due_at, case_id) WHERE due_at IS NOT NULL;
 CREATE INDEX identity_revalidations_item ON identity_revalidations (item_id);
 
 -- One proposal per case: the old identity, the candidate and the evidence the checks

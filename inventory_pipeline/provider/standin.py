@@ -169,9 +169,13 @@ class StandInState:
     available: set[tuple[str, int]] = field(default_factory=set)
     merges: dict[tuple[str, int], Merge] = field(default_factory=dict)
     survivors: dict[tuple[str, int], tuple[int, Merge]] = field(default_factory=dict)
+    # Lookups answered with these records whatever the catalog says: (source, id) ->
+    # [(kind, id), ...].
+    finds: dict[tuple[str, str], tuple[tuple[str, int], ...]] = field(default_factory=dict)
     missing_every: int | None = None  # demo: ids divisible by this are unknown
     fault: Fault | None = None
     arrivals: list[float] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)  # of each request, never its query
     dripped: int = 0  # bytes of a header drip written before the client hung up
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -227,17 +231,18 @@ class StandInState:
         merge's extra results), or nothing when the record is gone without a merge."""
         results: dict[str, list[dict[str, Any]]] = {"movie_results": [], "tv_results": []}
         owner = owner_of(source, external_id)
-        if owner is not None:
-            kind, tmdb_id = owner
-            with self.lock:
-                merge = self.merges.get(owner)
-            found: list[tuple[str, int]] = []
-            if merge is not None:
-                found = [(kind, merge.into), *merge.also]
-            elif not self.is_missing(kind, tmdb_id):
-                found = [owner]
-            for k, i in found:
-                results[f"{k}_results"].append(summary(self.body(k, i, False), k))
+        with self.lock:
+            merge = self.merges.get(owner) if owner is not None else None
+            given = self.finds.get((source, external_id))
+        found: list[tuple[str, int]] = []
+        if given is not None:
+            found = list(given)
+        elif owner is not None and merge is not None:
+            found = [(owner[0], merge.into), *merge.also]
+        elif owner is not None and not self.is_missing(*owner):
+            found = [owner]
+        for k, i in found:
+            results[f"{k}_results"].append(summary(self.body(k, i, False), k))
         return {**results, "person_results": [], "tv_episode_results": [], "tv_season_results": []}
 
 
@@ -344,6 +349,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         with state.lock:
             state.arrivals.append(time.time())
+            state.paths.append(url.path)
             fault = state.fault
         query = parse_qs(url.query)
         parts = url.path.strip("/").split("/")
@@ -518,3 +524,12 @@ class StandIn:
     ) -> None:
         """TMDb folds `(kind, merged)` into `into` (see the module docstring)."""
         self.state.merge(kind, merged, Merge(into, title, original_title, year, round_trip, also))
+
+    def clear_merges(self) -> None:
+        """Every merged record answers again, under its own id."""
+        self.state.clear_merges()
+
+    def set_find(self, source: str, external_id: str, results: tuple[tuple[str, int], ...]) -> None:
+        """Answer the lookup of this external id with these (kind, id) records."""
+        with self.state.lock:
+            self.state.finds[(source, external_id)] = results

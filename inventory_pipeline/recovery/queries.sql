@@ -254,7 +254,8 @@ revalidation AS (
             AND (o.imdb_id IS NOT NULL OR o.tvdb_id IS NOT NULL))
     ON CONFLICT (case_id) DO UPDATE
     SET due_at = now()
-    WHERE r.outcome IS DISTINCT FROM 'proposed' AND r.faults = 0 AND r.due_at > now()
+    WHERE r.outcome IS DISTINCT FROM 'proposed' AND r.faults = 0
+      AND (r.due_at IS NULL OR r.due_at > now())
     RETURNING r.case_id
 )
 SELECT item.id, item.recovery_case_id AS case_id, item.recovery_attempts AS attempts,

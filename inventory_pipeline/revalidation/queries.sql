@@ -77,7 +77,7 @@ forgotten AS (
 ),
 set_aside AS (
     UPDATE identity_revalidations r
-    SET due_at = 'infinity'
+    SET due_at = NULL
     FROM judged j
     WHERE r.case_id = j.case_id AND j.verdict = 'waiting'
 ),
@@ -104,7 +104,8 @@ ORDER BY j.case_id;
 -- writes the case's one proposal. Only the current lease token, case and source
 -- generation match. The item row is locked (share) first: a concurrent source change
 -- waits for this commit, or this statement for it and then matches nothing. The item
--- is only locked, never written, so its library is not.
+-- is only locked, never written, so its library is not. A live claim whose case ended
+-- meanwhile (source changed, item gone, case resolved) forgets the record instead.
 WITH item AS (
     SELECT i.id, i.title, i.year
     FROM media_server_items i
@@ -118,7 +119,7 @@ recorded AS (
     UPDATE identity_revalidations r
     SET lease_token = NULL,
         lease_expires_at = NULL,
-        due_at = 'infinity',
+        due_at = NULL,
         outcome = %(outcome)s,
         reason = %(reason)s,
         external_source = %(external_source)s,
@@ -140,6 +141,12 @@ recorded AS (
       AND r.lease_token = %(lease_token)s
       AND r.source_generation = %(source_generation)s
     RETURNING r.case_id
+),
+forgotten AS (
+    DELETE FROM identity_revalidations r
+    WHERE r.case_id = %(case_id)s
+      AND r.lease_token = %(lease_token)s
+      AND NOT EXISTS (SELECT FROM item)
 ),
 proposal AS (
     INSERT INTO replacement_proposals (
@@ -204,7 +211,8 @@ WHERE p.id = stale.id
 RETURNING p.id;
 
 -- name: forget_revalidations
--- Records whose case ended and that no claim walks any more (set aside) are forgotten.
+-- Records whose case ended are forgotten, those set aside (no due time) included,
+-- which no claim walks.
 WITH moot AS (
     SELECT r.case_id
     FROM identity_revalidations r
