@@ -16,7 +16,7 @@ from inventory_pipeline.profiles.models import RefreshPolicy
 from inventory_pipeline.provider.standin import StandIn
 from inventory_pipeline.provider.tmdb import TmdbClient
 from inventory_pipeline.recovery import service as recovery
-from inventory_pipeline.revalidation import service
+from inventory_pipeline.revalidation import repository, service
 from inventory_pipeline.revalidation.models import ProposalRefused
 from tests import factories as f
 from tests import revalidation_cases as rc
@@ -415,7 +415,7 @@ def test_decisions_are_all_or_nothing_with_one_clear_refusal(
     rc.revalidate(conn, client)
     one, two = (rc.proposals(conn, i)[0]["id"] for i in (first, second))
     before = rc.proposals(conn)
-    refusals = [
+    refusals: list[tuple[dict[str, object], str]] = [
         ({"approve": [one, 999999]}, "proposal 999999 does not exist"),
         ({"approve": [one], "reject": [one]}, f"proposal {one} is named twice"),
         ({}, "name at least one proposal"),
@@ -498,7 +498,7 @@ def test_the_claim_walks_the_due_index_and_costs_the_same_per_case(conn: Connect
             r["QUERY PLAN"]
             for r in fetch_all(
                 conn,
-                "EXPLAIN " + service.repository.QUERIES["claim_revalidations"],
+                "EXPLAIN " + repository.QUERIES["claim_revalidations"],
                 {"limit": 4, "lease_seconds": 300},
             )
         )
