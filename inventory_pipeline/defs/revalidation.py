@@ -42,7 +42,7 @@ def _text(title: str, original: str | None = None) -> str:
     return f'{shown} (original "{original}")' if original and original != title else shown
 
 
-def proposal_metadata(view: ProposalOverview) -> dict[str, dg.RawMetadataValue]:
+def proposal_metadata(view: ProposalOverview) -> dict[str, Any]:
     """The standing view as asset metadata: the live proposals (awaiting a decision, or
     approved) with their title and year evidence, the checks that proposed nothing and
     why, and the counts by state, reason and fault."""
@@ -129,7 +129,7 @@ def proposal_metadata(view: ProposalOverview) -> dict[str, dg.RawMetadataValue]:
 def log_proposals(
     context: dg.OpExecutionContext,
     inventory_db: InventoryDatabase,
-    extra: dict[str, dg.RawMetadataValue],
+    extra: dict[str, Any],
 ) -> None:
     """Materialize the standing view as the database holds it now."""
     with inventory_db.connection() as conn:
