@@ -123,6 +123,15 @@ before AS (
       AND observation_lease_token = %(lease_token)s
       AND source_generation = %(source_generation)s
       AND EXISTS (SELECT FROM library)
+      -- Nothing is applied without approval: an observation of another id than the
+      -- item's own is saved only under an approved proposal of this source naming it.
+      AND (tmdb_id_of(provider_id) = %(tmdb_id)s
+           OR EXISTS (
+               SELECT FROM replacement_proposals p
+               WHERE p.item_id = %(item_id)s
+                 AND p.source_generation = %(source_generation)s
+                 AND p.state = 'approved'
+                 AND p.candidate_tmdb_id = %(tmdb_id)s))
     FOR UPDATE
 ),
 item AS (

@@ -6,6 +6,7 @@ id resolves the case as replaced)."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -16,6 +17,7 @@ from inventory_pipeline.profiles.models import RefreshPolicy
 from inventory_pipeline.provider.standin import StandIn
 from inventory_pipeline.provider.tmdb import TmdbClient
 from inventory_pipeline.recovery import service as recovery
+from inventory_pipeline.recovery.models import Replacement
 from inventory_pipeline.revalidation import repository, service
 from inventory_pipeline.revalidation.models import ProposalRefused
 from tests import factories as f
@@ -504,3 +506,30 @@ def test_the_claim_walks_the_due_index_and_costs_the_same_per_case(conn: Connect
         )
     assert "Index Scan using identity_revalidations_due" in plan, plan
     assert "Seq Scan on identity_revalidations" not in plan, plan
+
+
+def test_an_observation_under_an_id_no_approval_names_is_never_saved(
+    conn: Connection, movies: int, client: TmdbClient, standin: StandIn
+) -> None:
+    """The completion itself enforces the gate: a claim that carried a replacement no
+    approved proposal of the item's source names (a proposal awaiting a decision, a
+    rejected one, or none) stores nothing and resolves nothing."""
+    item = rc.merged(conn, client, standin, movies, 603, 9603)
+    [result] = rc.revalidate(conn, client).results
+    assert result.proposal_id is not None
+    for proposal_id in (result.proposal_id, 424242):
+        rc.make_due(conn, item)
+        [claim] = recovery.claim(conn, 1)
+        assert claim.replacement is None  # awaiting a decision: the claim asks for 603
+        forged = replace(claim, replacement=Replacement(proposal_id, 9603))
+        fetched = recovery.fetch(conn, forged, client, recovery.provider_settings(conn))
+        assert getattr(fetched, "tmdb_id", None) == 9603  # TMDb answered for the candidate
+        assert recovery.complete(conn, forged, fetched, rc.POLICY).outcome == "lost"
+        assert fetch_one(conn, "SELECT 1 FROM provider_observations WHERE tmdb_id = 9603") is None
+        assert rc.case(conn, item)["recovery_resolved_at"] is None
+        execute(
+            conn,
+            "UPDATE media_server_items SET observation_lease_token = NULL,"
+            " observation_lease_expires_at = NULL WHERE id = %s",
+            (item,),
+        )
