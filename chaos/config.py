@@ -101,11 +101,12 @@ STORM_RETRY_AFTER = "2"
 STORM_ITEMS = 30  # a sync brings this many items due for observation as the storm starts
 
 # -- merges at TMDb and the operator's gate (docs/identity-revalidation.md) --------------
-# The stand-in folds observed records into survivors: at this fraction of the run this
-# many at once, then now and then as a drawn operation. Most variants must be proposed;
-# the others break one corroboration rule each (a survivor naming its own external ids,
-# a lookup naming two records, a survivor of another title or year).
-MERGE_AT = 0.2
+# The stand-in folds observed records into survivors: at these fractions of the run this
+# many at once (deletes and truncates take many merged items before their cases are
+# checked), then now and then as a drawn operation. Most variants must be proposed; the
+# others break one corroboration rule each (a survivor naming its own external ids, a
+# lookup naming two records, a survivor of another title or year).
+MERGE_AT = (0.2, 0.5, 0.8)
 MERGES_AT_ONCE = 8
 MERGE_VARIANTS = (
     ("corroborated", 6),

@@ -24,6 +24,19 @@ SURVIVOR_BASE = 100_000
 EXTRA_BASE = 600_000
 
 
+# Items observed under their own id with external ids, in a library of their kind (the
+# workload also syncs items into libraries of the other kind, which revalidation leaves
+# alone): what a merge folds away.
+OBSERVED = """
+SELECT i.id, i.provider_kind AS kind, o.tmdb_id, i.title, i.year
+FROM media_server_items i
+JOIN libraries l ON l.id = i.library_id AND l.media_kind = i.provider_kind
+JOIN provider_observations o ON o.item_id = i.id AND o.source_generation = i.source_generation
+    AND o.tmdb_id = tmdb_id_of(i.provider_id)
+WHERE i.provider = 'tmdb' AND (o.imdb_id IS NOT NULL OR o.tvdb_id IS NOT NULL)
+"""
+
+
 def _available(tmdb_id: int) -> int:
     """An id the stand-in knows (never divisible by MISSING_EVERY)."""
     return tmdb_id if tmdb_id % MISSING_EVERY else tmdb_id + 1
@@ -35,15 +48,7 @@ def merge(
     """TMDb folds one observed record (kind, X) into a survivor, in a drawn variant, and
     the items observed under X come due now (the harness's clock: their monthly
     recheck). Returns the variant ('' when nothing observed is left to merge)."""
-    rows = fetch_all(
-        conn,
-        "SELECT DISTINCT i.provider_kind AS kind, o.tmdb_id FROM media_server_items i"
-        " JOIN provider_observations o ON o.item_id = i.id"
-        "  AND o.source_generation = i.source_generation"
-        "  AND o.tmdb_id = tmdb_id_of(i.provider_id)"
-        " WHERE i.provider = 'tmdb' AND (o.imdb_id IS NOT NULL OR o.tvdb_id IS NOT NULL)"
-        " ORDER BY 1, 2",
-    )
+    rows = fetch_all(conn, f"SELECT DISTINCT kind, tmdb_id FROM ({OBSERVED}) x ORDER BY 1, 2")
     candidates = [
         (r["kind"], int(r["tmdb_id"])) for r in rows if (r["kind"], r["tmdb_id"]) not in done
     ]
@@ -53,9 +58,9 @@ def merge(
     done.add((kind, merged))
     item = fetch_one(
         conn,
-        "SELECT title, year FROM media_server_items WHERE provider = 'tmdb'"
-        " AND provider_kind = %s AND provider_id = %s ORDER BY id LIMIT 1",
-        (kind, str(merged)),
+        f"SELECT title, year FROM ({OBSERVED}) x WHERE kind = %s AND tmdb_id = %s"
+        " ORDER BY id LIMIT 1",
+        (kind, merged),
     )
     if item is None:
         return ""
@@ -141,9 +146,13 @@ def _count(conn: Connection, sql: str) -> int:
 
 
 def outstanding(conn: Connection) -> dict[str, int]:
-    """Replacement work in flight: checks due or waiting out a fault, corroborated merges
-    not yet proposed, proposals awaiting the operator, approvals not yet observed."""
+    """Replacement work in flight: first checks due or waiting out a fault, corroborated
+    merges not yet proposed, proposals awaiting the operator, approvals not yet
+    observed."""
     return {
+        # A first check (or one after a fault) still to come. A case that concluded
+        # without a proposal is checked again after each further failure, for good (its
+        # not_found rechecks never end): that is not work to wait for.
         "revalidations due": _count(
             conn,
             "SELECT 1 FROM identity_revalidations r"
@@ -151,7 +160,7 @@ def outstanding(conn: Connection) -> dict[str, int]:
             " LEFT JOIN libraries l ON l.id = i.library_id"
             " LEFT JOIN media_servers m ON m.id = l.server_id"
             " LEFT JOIN provider_observations o ON o.item_id = r.item_id"
-            " WHERE (r.due_at IS NOT NULL OR r.lease_token IS NOT NULL)"
+            " WHERE (r.due_at IS NOT NULL OR r.lease_token IS NOT NULL) AND r.outcome IS NULL"
             " AND revalidation_verdict(r, i, l, m, o) = 'due'",
         ),
         "corroborated merges not proposed": _count(

@@ -682,7 +682,7 @@ def _chaos(
     auth_backlog = int(total * AUTH_BACKLOG_AT)
     squeeze, rebuild = int(total * SQUEEZE_AT), int(total * REBUILD_AT)
     empty_user = int(total * EMPTY_USER_AT)
-    merge_batch = int(total * MERGE_AT)
+    merge_batches = {int(total * at) for at in MERGE_AT}
     started = time.monotonic()
     admin = connect(harness.url, application_name="chaos.harness")
     try:
@@ -702,7 +702,7 @@ def _chaos(
                 workload.apply("rebuild_everyone", workload.rebuild_everyone)
             if op == empty_user:
                 workload.apply("empty_user", workload.empty_user)
-            if op == merge_batch:
+            if op in merge_batches:
                 workload.apply("merge_batch", lambda: workload.merge(MERGES_AT_ONCE))
             workload.step()
             roll = schedule.random()

@@ -797,7 +797,7 @@ class Workload:
             ("writer_upsert", self.writer_upsert, 2),
             ("writer_merge", self.writer_merge, 2),
             ("writer_copy", self.writer_copy, 2),
-            ("merge", self.merge, 1),
+            ("merge", self.merge, 2),
             ("review", self.review, 2),
         ]
 
