@@ -24,7 +24,7 @@ from typing import NoReturn, TypeAlias
 from inventory_pipeline.credentials import service as credentials
 from inventory_pipeline.credentials.models import short
 from inventory_pipeline.db import DatabaseError, connect
-from inventory_pipeline.demo import load_demo
+from inventory_pipeline.demo import apply_merges, load_demo
 from inventory_pipeline.deployment import (
     DAEMON_COMMAND,
     INSTANCE_MIGRATE_COMMAND,
@@ -442,6 +442,7 @@ def _serve(
     if args.demo:
         # The demo observes a local TMDb stand-in: no internet, faults switchable.
         standin = stack.enter_context(StandIn(api_key=DEMO_KEY, missing_every=17))
+        apply_merges(standin)  # a few demo items TMDb merged away: proposals to review
         os.environ[TMDB_BASE_URL] = standin.url
         with connect(deployment.app_url) as conn:
             created = load_demo(conn)

@@ -533,3 +533,28 @@ def test_an_observation_under_an_id_no_approval_names_is_never_saved(
             " observation_lease_expires_at = NULL WHERE id = %s",
             (item,),
         )
+
+
+def test_the_demo_shows_three_proposals_and_two_cases_without_one(conn: Connection) -> None:
+    """`dev --demo`: the first observation run and revalidation run propose the three
+    corroborated merges and record why the ambiguous lookup and the survivor of another
+    year proposed nothing."""
+    from inventory_pipeline.cli import DEMO_KEY
+    from inventory_pipeline.demo import DEMO_MERGES, apply_merges, load_demo
+
+    load_demo(conn)
+    f.provider_key(conn, DEMO_KEY)
+    with StandIn(api_key=DEMO_KEY, missing_every=17) as standin, TmdbClient(standin.url) as demo:
+        apply_merges(standin)
+        execute(
+            conn,
+            "UPDATE media_server_items SET observation_due_at = now() + interval '1 day'"
+            " WHERE recovery_case_id IS NULL",
+        )  # only the demo's merged items are due
+        rc.observe(conn, demo)
+        assert service.due_revalidations(conn) == len(DEMO_MERGES)
+        summary = rc.revalidate(conn, demo)
+    assert summary.count("proposed") == 3 and summary.reasons == {"ambiguous": 1, "year": 1}
+    view = service.overview(conn)
+    assert sorted(p.source_title for p in view.live) == ["Heat", "Mad Men", "The Matrix"]
+    assert {p.library for p in view.live} == {"Films", "Series"}
