@@ -259,6 +259,9 @@ def _set_available(state: StandInState, key: tuple[str, int], available: bool) -
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes: with Nagle's algorithm a kept-alive
+    # connection would wait out the client's delayed ACK (tens of ms) on every answer.
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:
         return  # request lines carry the API key
