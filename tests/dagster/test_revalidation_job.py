@@ -164,16 +164,6 @@ def test_a_bad_budget_setting_fails_the_tick_in_one_line(
     assert "INVENTORY_REVALIDATIONS_PER_HOUR must be from 1 to 3600, got 0" in str(failed.value)
 
 
-@pytest.mark.parametrize(
-    ("config", "message"),
-    [
-        ({"approve": [424242], "operator": "alice"}, "proposal 424242 does not exist"),
-        ({"operator": "alice"}, "name at least one proposal"),
-        ({"approve": [1], "reject": [1], "operator": "alice"}, "proposal 1 is named twice"),
-        ({"approve": [1], "operator": ""}, "the operator's name must be 1 to 64"),
-        ({"approve": [-3], "operator": "alice"}, "proposal ids are positive whole numbers"),
-    ],
-)
 def test_a_refused_decision_fails_in_one_line_and_changes_nothing(
     conn: Connection,
     db_url: str,
@@ -181,17 +171,27 @@ def test_a_refused_decision_fails_in_one_line_and_changes_nothing(
     standin: StandIn,
     client: TmdbClient,
     movies: int,
-    config: dict[str, Any],
-    message: str,
 ) -> None:
     rc.merged(conn, client, standin, movies, 603, 9603)
-    rc.revalidate(conn, client)
+    [proposed] = rc.revalidate(conn, client).results
+    one = proposed.proposal_id
+    refusals: list[tuple[dict[str, Any], str]] = [
+        ({"approve": [424242], "operator": "alice"}, "proposal 424242 does not exist"),
+        ({"operator": "alice"}, "name at least one proposal"),
+        (
+            {"approve": [one], "reject": [one], "operator": "alice"},
+            f"proposal {one} is named twice",
+        ),
+        ({"approve": [one], "operator": ""}, "the operator's name must be 1 to 64"),
+        ({"approve": [-3], "operator": "alice"}, "proposal ids are positive whole numbers"),
+    ]
     before = fingerprint(conn)
-    result = decide(instance, db_url, config)
-    assert not result.success
-    text = failure(result)
-    assert message in text and "\n" not in text.strip()
-    assert fingerprint(conn) == before
+    for config, message in refusals:
+        result = decide(instance, db_url, config)
+        assert not result.success
+        text = failure(result)
+        assert message in text and "\n" not in text.strip(), text
+        assert fingerprint(conn) == before
 
 
 @pytest.mark.parametrize(
