@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import httpx
@@ -127,6 +128,25 @@ def classify(status: int, raw: bytes, retry_after: int | None) -> Failure:
     return Failure("invalid_response", retry_after, cause)
 
 
+Parsed = TypeVar("Parsed")
+
+
+def answered(
+    answer: tuple[int, bytes, int | None] | Failure, parse: Callable[[bytes], Parsed]
+) -> Parsed | Failure:
+    """A GET's outcome: its transport failure, the category of a status other than 200,
+    or the parsed body (an invalid one is an `invalid_response`)."""
+    if isinstance(answer, Failure):
+        return answer
+    status, raw, retry_after = answer
+    if status != 200:
+        return classify(status, raw, retry_after)
+    try:
+        return parse(raw)
+    except InvalidResponse:
+        return Failure("invalid_response", cause="HTTP 200, invalid body")
+
+
 class TmdbClient:
     """One pooled HTTP client; safe to share between threads. `timeout_seconds` is the
     whole request's wall-clock deadline: connect, TLS, the status line, headers and
@@ -203,15 +223,7 @@ class TmdbClient:
         """A movie or show; a show's external ids come appended to the same request."""
         query = {"append_to_response": "external_ids"} if kind == "tv" else None
         answer = self.get(f"/3/{kind}/{tmdb_id}", api_key, language, query=query)
-        if isinstance(answer, Failure):
-            return answer
-        status, raw, retry_after = answer
-        if status != 200:
-            return classify(status, raw, retry_after)
-        try:
-            return parse_body(raw, kind, tmdb_id)
-        except InvalidResponse:
-            return Failure("invalid_response", cause="HTTP 200, invalid body")
+        return answered(answer, lambda raw: parse_body(raw, kind, tmdb_id))
 
     def find(
         self,
@@ -227,12 +239,4 @@ class TmdbClient:
         answer = self.get(
             f"/3/find/{external_id}", api_key, language, query={"external_source": source}
         )
-        if isinstance(answer, Failure):
-            return answer
-        status, raw, retry_after = answer
-        if status != 200:
-            return classify(status, raw, retry_after)
-        try:
-            return parse_find_body(raw)
-        except InvalidResponse:
-            return Failure("invalid_response", cause="HTTP 200, invalid body")
+        return answered(answer, parse_find_body)
