@@ -1,13 +1,13 @@
-"""Profile generation against a bare read of the same projection into pandas.
+"""Profile generation against a bare read of the same projection.
 
-Baseline: read the library's projection (the profile reader's own query) into a
-DataFrame. Measured: the worker's whole generation (snapshot read with revision,
-DataFrame, every trait). One library of N varied items (ratings with gaps, zero to four
+Baseline: read the library's projection (the profile reader's own query) into row
+tuples. Measured: the worker's whole generation (snapshot read with revision, every
+trait). One library of N varied items (ratings with gaps, zero to four
 genres with repeats and blanks, studios and languages with gaps, a few untyped items);
 goal <= 3x at 100k items and, under `--scale` (S3), at 1M items, where the run's peak
 RSS must stay <= 2 GiB: a generation and a bare read each run alone in a fresh process
 whose own peak RSS (VmHWM) is reported, next to the same process's RSS before the
-read (interpreter, pandas, a connection).
+read (interpreter, numpy, a connection).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from bench.common import Figure, Mode, median, over_runs, plot, scratch_database
 from inventory_pipeline.db import Connection, connect, execute
 from inventory_pipeline.db.connection import execute_script
 from inventory_pipeline.profiles import repository, service
-from inventory_pipeline.profiles.generator import frame_from_rows, generate_profile
+from inventory_pipeline.profiles.generator import generate_profile
 
 LIBRARY = """
 INSERT INTO media_servers (id, name, kind) VALUES (1, 'bench', 'plex');
@@ -74,11 +74,11 @@ def _peak_rss(url: str, what: str, queue: multiprocessing.Queue) -> None:  # typ
     with connect(url) as conn:
         before = _high_water()
         if what == "bare":
-            columns, rows = repository.read_snapshot(conn, 1)
-            frame_from_rows(columns, tuple(rows))
+            _, rows = repository.read_snapshot(conn, 1)
+            tuple(rows)
         else:
             library = service.read_snapshot(conn, 1)
-            generate_profile(frame_from_rows(library.columns, library.rows))
+            generate_profile(library.columns, library.rows)
         queue.put((before, _high_water()))
 
 
@@ -108,12 +108,12 @@ def run(admin_url: str, mode: Mode) -> list[Figure]:
             execute(conn, "VACUUM ANALYZE")
 
             def bare() -> None:
-                columns, rows = repository.read_snapshot(conn, 1)
-                frame_from_rows(columns, tuple(rows))
+                _, rows = repository.read_snapshot(conn, 1)
+                tuple(rows)
 
             def generation() -> None:
                 library = service.read_snapshot(conn, 1)
-                generate_profile(frame_from_rows(library.columns, library.rows))
+                generate_profile(library.columns, library.rows)
 
             bare()  # warm caches for both
             base, full = [], []

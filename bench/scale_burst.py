@@ -2,7 +2,9 @@
 daemon (the sensor launching runs, `dagster-daemon` with the queued coordinator and
 this repo's dagster.yaml), at 1k and 10k libraries, and 100k under `--scale`.
 
-Each library holds 10-100 items (a fixed spread, 55 on average). The population is
+Each library holds 10-100 items (a fixed spread, 55 on average), observed against the
+provider before (a deployment in its steady state: no item is due for observation, so
+the observation runs do not share the two cores with the drain). The population is
 loaded and acknowledged before the daemon starts; once the daemon has a partition for
 every library, one statement changes one item of every library and commits: the
 burst. A poller samples the acknowledged count every 0.5 s until every library is
@@ -46,12 +48,14 @@ SELECT g, 1, 'library ' || g, 'movie' FROM generate_series(1, %(libraries)s) g;
 # statement holds millions of rows.
 ITEMS = """
 INSERT INTO media_server_items (library_id, title, rating, genres, primary_studio,
-                                original_language, provider, provider_kind, provider_id)
+                                original_language, provider, provider_kind, provider_id,
+                                observed_at, observation_successes, observation_due_at)
 SELECT l, 'Title ' || g, (mod(g * 7 + l, 100)) / 10.0,
        CASE mod(g, 3) WHEN 0 THEN ARRAY['Drama'] WHEN 1 THEN ARRAY['Comedy', 'Drama']
             ELSE ARRAY['Horror'] END,
        'Studio ' || mod(g + l, 7), CASE WHEN mod(g, 5) = 0 THEN 'fr' ELSE 'en' END,
-       'tmdb', 'movie', (l::bigint * 1000 + g)::text
+       'tmdb', 'movie', (l::bigint * 1000 + g)::text,
+       now(), 1, now() + interval '30 days'
 FROM generate_series(%(first)s::int, %(last)s::int) l,
      LATERAL generate_series(1, 10 + mod(l * 37, 91)) g
 """
@@ -138,7 +142,6 @@ def burst(
             time.sleep(6)  # one more sensor tick on the idle population
             marker = storage_url.rsplit("/", 1)[1]
             cpu_before = (_session_cpu(marker), _server_cpu(conn))
-            seen = dict(cpu_before[0])
             execute(conn, BURST)
             start = time.monotonic()
             samples: list[tuple[float, int]] = [(0.0, 0)]
@@ -147,7 +150,6 @@ def burst(
                 assert row is not None
                 elapsed = time.monotonic() - start
                 samples.append((elapsed, int(row["done"])))
-                seen.update(_session_cpu(marker))
                 if row["done"] >= row["total"]:
                     break
                 if window is not None and elapsed >= window:
@@ -158,7 +160,7 @@ def burst(
                         f" acknowledged after {limit:.0f} s"
                     )
                 time.sleep(0.5)
-            seen.update(_session_cpu(marker))
+            cpu_after = _session_cpu(marker)
             server_after = _server_cpu(conn)
             with connect(storage_url) as dagster_db:
                 runs = fetch_one(dagster_db, RUNS)
@@ -180,7 +182,7 @@ def burst(
         "events": events,
         "cpu_ms": {
             kind: round(cpu / libraries * 1000, 1)
-            for kind, cpu in _cpu_by_category(cpu_before[0], seen).items()
+            for kind, cpu in _cpu_by_category(cpu_before[0], cpu_after).items()
         },
         "server_cpu_ms": (
             (server_after - cpu_before[1]) / libraries * 1000
@@ -229,10 +231,17 @@ def _category(cmdline: bytes) -> str:
     return "daemon"
 
 
-def _session_cpu(marker: str) -> dict[int, tuple[str, float]]:
+# Whose children a process's reaped-children CPU (cutime + cstime) belongs to: the code
+# servers spawn and reap the run workers, the daemon its code servers.
+_CHILDREN_OF = {"code servers": "run workers", "daemon": "code servers"}
+
+
+def _session_cpu(marker: str) -> dict[tuple[int, str], float]:
     """Per process whose environment holds `marker` (the daemon, its code servers and
-    run workers): what it is and its own CPU seconds so far."""
-    found: dict[int, tuple[str, float]] = {}
+    run workers): CPU seconds so far by kind, its own and, under its children's kind,
+    that of the children it has reaped — a run worker that exited between two samples
+    is counted in its code server's, so nothing is lost at the end of a drain."""
+    found: dict[tuple[int, str], float] = {}
     needle = marker.encode()
     hz = os.sysconf("SC_CLK_TCK")
     for entry in Path("/proc").iterdir():
@@ -245,19 +254,25 @@ def _session_cpu(marker: str) -> dict[int, tuple[str, float]]:
             fields = _stat(int(entry.name))
         except OSError:
             continue
-        found[int(entry.name)] = (_category(cmdline), (int(fields[11]) + int(fields[12])) / hz)
+        pid, kind = int(entry.name), _category(cmdline)
+        found[(pid, kind)] = (int(fields[11]) + int(fields[12])) / hz
+        reaped = (int(fields[13]) + int(fields[14])) / hz
+        if kind in _CHILDREN_OF:
+            found[(pid, _CHILDREN_OF[kind])] = reaped
     return found
 
 
 def _cpu_by_category(
-    before: dict[int, tuple[str, float]], seen: dict[int, tuple[str, float]]
+    before: dict[tuple[int, str], float], after: dict[tuple[int, str], float]
 ) -> dict[str, float]:
-    """CPU seconds each kind of Dagster process spent since `before`, from the last
-    sample of every process seen (a process that exited between samples loses at most
-    one sampling interval)."""
+    """CPU seconds each kind of Dagster process spent between two samples. A process
+    that exited meanwhile is in its parent's reaped total at `after`, whole, so what it
+    had spent by `before` is taken off again."""
     spent: dict[str, float] = {}
-    for pid, (kind, cpu) in seen.items():
-        spent[kind] = spent.get(kind, 0.0) + cpu - before.get(pid, (kind, 0.0))[1]
+    for (_, kind), cpu in after.items():
+        spent[kind] = spent.get(kind, 0.0) + cpu
+    for (_, kind), cpu in before.items():
+        spent[kind] = spent.get(kind, 0.0) - cpu
     return spent
 
 

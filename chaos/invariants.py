@@ -8,7 +8,7 @@ from typing import Any
 from chaos.config import RELEASE_JITTER_SECONDS, RETRY_POLICY
 from inventory_pipeline.db import Connection, fetch_all, fetch_one, jsonb
 from inventory_pipeline.profiles import service as profiles
-from inventory_pipeline.profiles.generator import frame_from_rows, generate_profile
+from inventory_pipeline.profiles.generator import generate_profile
 from inventory_pipeline.stats import processors
 
 # The longest delay a case may legitimately wait: the retry cap, or the release jitter
@@ -124,8 +124,7 @@ def profiles_converged(conn: Connection) -> list[str]:
                 f" != revision {state['revision']}"
             )
         library = profiles.read_snapshot(conn, library_id)
-        frame = frame_from_rows(library.columns, library.rows)
-        expected = generate_profile(frame) if len(frame) else None
+        expected = generate_profile(library.columns, library.rows) if library.rows else None
         stored = fetch_one(
             conn,
             "SELECT inventory_revision, item_count, profile = %s AS same"
@@ -136,8 +135,8 @@ def profiles_converged(conn: Connection) -> list[str]:
             if stored is not None:
                 out.append(f"library {library_id}: empty but a profile is stored")
         elif stored is None:
-            out.append(f"library {library_id}: {len(frame)} items but no profile")
-        elif not stored["same"] or stored["item_count"] != len(frame):
+            out.append(f"library {library_id}: {len(library.rows)} items but no profile")
+        elif not stored["same"] or stored["item_count"] != len(library.rows):
             out.append(f"library {library_id}: profile differs from a recomputation")
         elif stored["inventory_revision"] != library.revision:
             out.append(

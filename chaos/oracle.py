@@ -1,6 +1,6 @@
 """An independent oracle for library profiles: the expected profile of every active
 library, computed in plain Python from the raw item columns, without the product's
-projection function, its reader, its generator or pandas.
+projection function, its reader or its generator.
 
 It restates the profile contract: per trait (genres, rating, primary studio, original
 language, typed identity) the contributors (items carrying the field), the coverage

@@ -11,11 +11,9 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 from uuid import UUID
-
-import pandas as pd
 
 from chaos.config import (
     LEASE_SECONDS,
@@ -64,12 +62,12 @@ def stall() -> None:
     time.sleep(random.uniform(LEASE_SECONDS + 0.05, LEASE_SECONDS + 1.5))
 
 
-def slow_generate(frame: pd.DataFrame) -> dict[str, Any]:
+def slow_generate(columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
     """The product's generator, now and then slower than the lease: the completion that
     follows must find its claim lost and change nothing."""
     if random.random() < 0.15:
         stall()
-    return generate_profile(frame)
+    return generate_profile(columns, rows)
 
 
 def refresher(conn: Connection) -> bool:

@@ -158,13 +158,48 @@ def completion_metadata(completion: Completion, label: LibraryLabel | None) -> d
     return metadata
 
 
-def materialization(completion: Completion, label: LibraryLabel | None) -> dg.AssetMaterialization:
-    """One library's refresh, recorded on the partition that holds the library."""
-    return dg.AssetMaterialization(
-        asset_key=PROFILE_ASSET,
-        partition=partition_of(completion.library_id),
-        metadata=completion_metadata(completion, label),
-    )
+def published_traits(profile: dict[str, Any] | None) -> str:
+    """The traits a profile publishes under the coverage contract, comma-separated."""
+    if profile is None:
+        return ""
+    return ", ".join(trait for trait, body in profile.items() if held_back_reason(body) is None)
+
+
+def brief_metadata(completion: Completion, label: LibraryLabel | None) -> dict[str, Any]:
+    """A library's row in its range's summary: what a reader scans across libraries."""
+    return {
+        **label_metadata(label),
+        "item_count": completion.item_count,
+        "profile_revision": completion.snapshot_revision,
+        "published": published_traits(completion.profile),
+    }
+
+
+def range_materializations(
+    completions: Sequence[Completion], labels: dict[int, LibraryLabel]
+) -> list[dg.AssetMaterialization]:
+    """One materialization per partition for a batch of refreshes: the table of its
+    libraries refreshed, and with a single library that library's whole profile too.
+    One event per range instead of one per library is what lets a burst drain at the
+    rate the profiles are generated (each Dagster event costs several writes)."""
+    by_range: dict[int, list[Completion]] = {}
+    for completion in completions:
+        low = completion.library_id - completion.library_id % PARTITION_WIDTH
+        by_range.setdefault(low, []).append(completion)
+    events = []
+    for low, done in sorted(by_range.items()):
+        outcomes = [
+            (c.library_id, c.outcome, brief_metadata(c, labels.get(c.library_id))) for c in done
+        ]
+        metadata = range_summary(low, outcomes)
+        if len(done) == 1:
+            metadata.update(completion_metadata(done[0], labels.get(done[0].library_id)))
+        events.append(
+            dg.AssetMaterialization(
+                asset_key=PROFILE_ASSET, partition=range_key(low), metadata=metadata
+            )
+        )
+    return events
 
 
 def range_key(low: int) -> str:
@@ -278,14 +313,14 @@ def refresh_claimed_profiles(
 def log_completions(
     context: dg.OpExecutionContext, conn: Connection, completions: Sequence[Completion]
 ) -> None:
-    """One materialization per published or removed library, then the check for every
-    library the run touched, as the database sees it now."""
+    """One materialization per partition holding a published or removed library, then
+    the check of every partition the batch touched, as the database sees it now."""
     if not completions:
         return
     done = [c for c in completions if c.outcome in ("published", "removed")]
     labels = service.library_labels(conn, [c.library_id for c in done]) if done else {}
-    for completion in done:
-        context.log_event(materialization(completion, labels.get(completion.library_id)))
+    for event in range_materializations(done, labels):
+        context.log_event(event)
     log_check_evaluations(context, conn, [c.library_id for c in completions])
 
 
@@ -301,16 +336,21 @@ def library_profile_refresh() -> None:
 
 def _backfill_metadata(
     conn: Connection, result: service.BackfillResult, label: LibraryLabel | None
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """A refresh done by this run shows what it generated; one done by another worker
-    meanwhile shows the profile stored now."""
+    meanwhile shows the profile stored now. Returns the library's whole metadata and its
+    row of the range summary."""
     if result.completion is not None:
-        return completion_metadata(result.completion, label)
+        return (
+            completion_metadata(result.completion, label),
+            brief_metadata(result.completion, label),
+        )
     metadata: dict[str, Any] = {
         "library_id": result.library_id,
         **label_metadata(label),
         "outcome": result.status,
     }
+    brief: dict[str, Any] = {**label_metadata(label)}
     stored = service.stored_profile(conn, result.library_id)
     if stored is None:
         metadata["profile"] = "none: the library has no items"
@@ -318,7 +358,12 @@ def _backfill_metadata(
         metadata["item_count"] = stored.item_count
         metadata["profile_revision"] = stored.inventory_revision
         metadata.update(profile_metadata(stored.profile))
-    return metadata
+        brief.update(
+            item_count=stored.item_count,
+            profile_revision=stored.inventory_revision,
+            published=published_traits(stored.profile),
+        )
+    return metadata, brief
 
 
 class LibraryProfileConfig(dg.Config):
@@ -330,7 +375,7 @@ class LibraryProfileConfig(dg.Config):
     )
 
 
-def _range_summary(low: int, outcomes: Sequence[tuple[int, str, dict[str, Any]]]) -> dict[str, Any]:
+def range_summary(low: int, outcomes: Sequence[tuple[int, str, dict[str, Any]]]) -> dict[str, Any]:
     """A partition's materialization: what happened to each of its libraries."""
     records = [
         dg.TableRecord(
@@ -339,6 +384,8 @@ def _range_summary(low: int, outcomes: Sequence[tuple[int, str, dict[str, Any]]]
                 "library": str(metadata.get("library", "")),
                 "outcome": outcome,
                 "item_count": int(metadata.get("item_count", 0)),
+                "profile_revision": int(metadata.get("profile_revision", 0)),
+                "published": str(metadata.get("published", "")),
             }
         )
         for library_id, outcome, metadata in outcomes
@@ -352,6 +399,8 @@ def _range_summary(low: int, outcomes: Sequence[tuple[int, str, dict[str, Any]]]
                     dg.TableColumn("library", "string"),
                     dg.TableColumn("outcome", "string"),
                     dg.TableColumn("item_count", "int"),
+                    dg.TableColumn("profile_revision", "int"),
+                    dg.TableColumn("published", "string"),
                 ]
             ),
         ),
@@ -402,8 +451,8 @@ def library_profile(
             label = labels.get(result.library_id)
             low = result.library_id - result.library_id % PARTITION_WIDTH
             if result.status in ("refreshed", "refreshed_elsewhere", "never_stocked"):
-                metadata = _backfill_metadata(conn, result, label)
-                outcomes[low].append((result.library_id, result.status, metadata))
+                metadata, brief = _backfill_metadata(conn, result, label)
+                outcomes[low].append((result.library_id, result.status, brief))
                 context.log_event(
                     dg.AssetMaterialization(
                         asset_key=PROFILE_ASSET, partition=range_key(low), metadata=metadata
@@ -413,7 +462,7 @@ def library_profile(
                 reason = result.error or result.status
                 outcomes[low].append((result.library_id, reason, label_metadata(label)))
                 failed.append(f"{result.library_id} ({reason})")
-        summaries = {low: _range_summary(low, done) for low, done in outcomes.items() if done}
+        summaries = {low: range_summary(low, done) for low, done in outcomes.items() if done}
         if not single:
             for low, summary in summaries.items():
                 context.log_event(

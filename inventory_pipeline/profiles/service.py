@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from uuid import uuid4
 
-import pandas as pd
-
 from inventory_pipeline.db import (
     Connection,
     DatabaseError,
@@ -23,7 +21,7 @@ from inventory_pipeline.db import (
     transaction,
 )
 from inventory_pipeline.profiles import repository
-from inventory_pipeline.profiles.generator import frame_from_rows, generate_profile
+from inventory_pipeline.profiles.generator import generate_profile
 from inventory_pipeline.profiles.models import (
     PLANNER_BATCH,
     BackfillRequest,
@@ -44,7 +42,8 @@ from inventory_pipeline.profiles.models import (
     StoredProfile,
 )
 
-Generator = Callable[[pd.DataFrame], dict[str, Any]]
+# Generates a profile from a projection's column names and rows (tests inject others).
+Generator = Callable[[Sequence[str], Sequence[tuple[Any, ...]]], dict[str, Any]]
 
 
 def plan(conn: Connection, policy: RefreshPolicy) -> Plan:
@@ -162,8 +161,7 @@ def process(
             terminal=True,
         )
     try:
-        frame = frame_from_rows(library.columns, library.rows)
-        profile = generate(frame) if len(frame) else None
+        profile = generate(library.columns, library.rows) if library.rows else None
     except Exception as exc:
         return _fail(conn, claim, policy, _describe(exc), library.revision)
     item_count = len(library.rows)

@@ -30,7 +30,7 @@ from chaos.worker import declare, error_line
 from inventory_pipeline.credentials import service as credentials
 from inventory_pipeline.db import Connection, DatabaseError, connect, execute, fetch_one
 from inventory_pipeline.profiles import service as profiles
-from inventory_pipeline.profiles.generator import frame_from_rows, generate_profile
+from inventory_pipeline.profiles.generator import generate_profile
 from inventory_pipeline.provider.standin import StandIn
 from inventory_pipeline.stats import service as stats_service
 from tests import factories as f
@@ -376,15 +376,13 @@ def test_oracle_agrees_with_the_generator_on_random_libraries() -> None:
             if rng.random() < 0.2:
                 row["provider"] = row["provider_kind"] = row["provider_id"] = None
         raw = [{c: row[c] for c in columns} for row in rows]
-        frame = frame_from_rows(
-            columns,
-            tuple(
-                tuple(float(r[c]) if c == "rating" and r[c] is not None else r[c] for c in columns)
-                for r in raw
-            ),
+        items = tuple(
+            tuple(float(r[c]) if c == "rating" and r[c] is not None else r[c] for c in columns)
+            for r in raw
         )
         assert (
-            list(oracle.differences(oracle.expected_profile(raw), generate_profile(frame))) == []
+            list(oracle.differences(oracle.expected_profile(raw), generate_profile(columns, items)))
+            == []
         ), seed
 
 
@@ -398,8 +396,8 @@ def test_oracle_sees_what_the_products_own_recomputation_cannot(
     process_all(conn)
     assert oracle.check(conn) == []
 
-    def broken(frame: Any) -> dict[str, Any]:
-        profile = generate_profile(frame)
+    def broken(columns: Any, rows: Any) -> dict[str, Any]:
+        profile = generate_profile(columns, rows)
         profile["genres"]["contributors"] += 1
         return profile
 

@@ -152,7 +152,12 @@ def test_small_library_says_why_every_trait_is_held_back(
     srv = f.server(conn, "Basement Plex")
     small = f.library(conn, srv, name="Shorts")
     f.items(conn, small, 4)
+    # A run shows a library's whole profile when it is the one library of its range
+    # that the batch refreshed: the two live in different ranges.
     big = f.library(conn, srv, name="Films")
+    while key_of(big) == key_of(small):
+        execute(conn, "DELETE FROM libraries WHERE id = %s", (big,))
+        big = f.library(conn, srv, name="Films")
     f.items(conn, big, 30, seed=3)
     result = refresh(conn, db_url, instance)
     by_library = {}
@@ -185,6 +190,28 @@ def test_small_library_says_why_every_trait_is_held_back(
     assert rating == {k: stored["profile"]["rating"][k] for k in ("mean", "median", "p10", "p90")}
     assert full["profile"] == json.loads(json.dumps(stored["profile"]))
     assert len(full["distribution/genres"].records) <= profile_defs.TABLE_ROWS + 1
+
+
+def test_a_run_records_one_materialization_per_range_listing_its_libraries(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    """Libraries of one range refreshed in one batch make one event, not one each (a
+    Dagster event costs several writes; per library they were the burst's wall)."""
+    first, second = two_libraries_in_one_range(conn)
+    f.items(conn, first, 30, seed=5)
+    f.items(conn, second, 3, seed=6)
+    result = refresh(conn, db_url, instance)
+    [event] = result.get_asset_materialization_events()
+    materialization = event.step_materialization_data.materialization
+    assert materialization.partition == key_of(first)
+    shown = metadata_of(materialization)
+    rows = {r.data["library_id"]: r.data for r in shown["libraries"].records}
+    assert sorted(rows) == [first, second]
+    assert rows[first]["item_count"] == 30 and rows[second]["item_count"] == 3
+    assert rows[first]["profile_revision"] == f.state(conn, first)["acknowledged_revision"]
+    assert "genres" in rows[first]["published"] and rows[second]["published"] == ""
+    assert shown["library_ids"] == f"{first}, {second}"
+    assert "profile" not in shown  # each profile is in the database, not repeated here
 
 
 def test_share_tables_are_bounded() -> None:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import pandas as pd
 import pytest
 
 from inventory_pipeline.db import Connection, DatabaseError, connect, execute, fetch_all, fetch_one
 from inventory_pipeline.profiles import service
-from inventory_pipeline.profiles.generator import frame_from_rows, generate_profile
+from inventory_pipeline.profiles.generator import generate_profile
 from inventory_pipeline.profiles.models import Claim, Completion, RefreshPolicy
 from tests import factories as f
 
@@ -35,7 +34,7 @@ def test_dirty_library_is_refreshed_and_acknowledged(conn: Connection) -> None:
     assert stored is not None and stored["item_count"] == 12 and stored["inventory_revision"] == 1
     # The stored profile is exactly a from-scratch generation of the projection.
     library = service.read_snapshot(conn, lib)
-    assert stored["profile"] == generate_profile(frame_from_rows(library.columns, library.rows))
+    assert stored["profile"] == generate_profile(library.columns, library.rows)
     assert stored["profile"]["genres"]["status"] == "published"
     # Clean now: the next tick plans nothing.
     assert service.plan(conn, POLICY).planned == 0
@@ -115,12 +114,12 @@ def test_mid_generation_change_keeps_larger_revision_pending(db_url: str) -> Non
         service.plan(conn, POLICY)
         [claim] = service.claim(conn, POLICY).claims
 
-        def generate_then_write(frame: pd.DataFrame) -> dict[str, Any]:
+        def generate_then_write(columns: Any, rows: Any) -> dict[str, Any]:
             with connect(db_url) as writer:  # another program commits during generation
                 execute(
                     writer, "UPDATE media_server_items SET rating = 1 WHERE library_id = %s", (lib,)
                 )
-            return generate_profile(frame)
+            return generate_profile(columns, rows)
 
         done = service.process(conn, claim, POLICY, generate_then_write)
         assert done.outcome == "published"
@@ -233,7 +232,7 @@ def test_inactive_library_pauses_new_claims_but_running_work_finishes(conn: Conn
     assert service.claim(conn, POLICY).claims == ()
 
 
-def broken(_: pd.DataFrame) -> dict[str, Any]:
+def broken(columns: Any, rows: Any) -> dict[str, Any]:
     raise ValueError("generation blew up")
 
 
@@ -464,14 +463,14 @@ def test_runs_and_backfills_hold_a_lease_only_on_work_begun(conn: Connection, db
         f.items(conn, lib, 6)
     leased: list[int] = []
 
-    def watching(frame: pd.DataFrame) -> dict[str, Any]:
+    def watching(columns: Any, rows: Any) -> dict[str, Any]:
         with connect(db_url) as other:
             row = fetch_one(
                 other, "SELECT count(*) AS n FROM profile_refresh_requests WHERE status = 'running'"
             )
         assert row is not None
         leased.append(int(row["n"]))
-        return generate_profile(frame)
+        return generate_profile(columns, rows)
 
     service.plan(conn, POLICY)
     assert [c.outcome for c in service.refresh(conn, POLICY, generate=watching).completions] == [
@@ -494,10 +493,10 @@ def test_backfill_of_a_library_deleted_midway_ends_at_once(conn: Connection, db_
     f.items(conn, first, 6)
     f.items(conn, doomed, 6)
 
-    def deleting(frame: pd.DataFrame) -> dict[str, Any]:
+    def deleting(columns: Any, rows: Any) -> dict[str, Any]:
         with connect(db_url) as other:
             execute(other, "DELETE FROM libraries WHERE id = %s", (doomed,))
-        return generate_profile(frame)
+        return generate_profile(columns, rows)
 
     results = service.backfill(conn, [first, doomed], POLICY, wait_seconds=30, generate=deleting)
     assert [(r.library_id, r.status, r.error) for r in results] == [

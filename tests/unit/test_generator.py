@@ -7,20 +7,14 @@ import random
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pytest
 
-from inventory_pipeline.profiles.generator import (
-    COLUMNS,
-    frame_from_rows,
-    generate_profile,
-    top_genres,
-)
+from inventory_pipeline.profiles.generator import COLUMNS, generate_profile, top_genres
 
 
-def frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    defaults = {c: None for c in COLUMNS}
-    return pd.DataFrame([{**defaults, **r} for r in rows], columns=list(COLUMNS))
+def profile_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The profile of items given as partial rows (missing fields are NULL)."""
+    return generate_profile(COLUMNS, [tuple(r.get(c) for c in COLUMNS) for r in rows])
 
 
 def test_published_traits_with_shares_rounded() -> None:
@@ -67,7 +61,7 @@ def test_published_traits_with_shares_rounded() -> None:
         },
         {"genres": [], "rating": None, "primary_studio": None, "original_language": None},
     ]
-    profile = generate_profile(frame(rows))
+    profile = profile_of(rows)
     genres = profile["genres"]
     assert genres["status"] == "published"
     assert (genres["contributors"], genres["coverage"]) == (5, 0.8333)
@@ -83,21 +77,21 @@ def test_published_traits_with_shares_rounded() -> None:
 
 def test_insufficient_below_five_contributors_or_half_coverage() -> None:
     four = [{"genres": ["Drama"], "rating": 5.0} for _ in range(4)]
-    profile = generate_profile(frame(four))
+    profile = profile_of(four)
     assert profile["genres"] == {"status": "insufficient", "coverage": 1.0, "contributors": 4}
     assert "share" not in profile["genres"]
     # Ten items, five with a rating: coverage exactly 0.5 is published...
     half = [{"rating": 5.0} for _ in range(5)] + [{} for _ in range(5)]
-    assert generate_profile(frame(half))["rating"]["status"] == "published"
+    assert profile_of(half)["rating"]["status"] == "published"
     # ...one fewer is not, however many items there are.
     below = [{"rating": 5.0} for _ in range(5)] + [{} for _ in range(6)]
-    result = generate_profile(frame(below))["rating"]
+    result = profile_of(below)["rating"]
     assert result == {"status": "insufficient", "coverage": 0.4545, "contributors": 5}
 
 
 def test_top_ten_then_other() -> None:
     rows = [{"original_language": f"l{i:02d}"} for i in range(12) for _ in range(12 - i)]
-    share = generate_profile(frame(rows))["original_language"]["share"]
+    share = profile_of(rows)["original_language"]["share"]
     assert list(share)[:10] == [f"l{i:02d}" for i in range(10)]
     total = sum(12 - i for i in range(12))
     assert share["other"] == round((2 + 1) / total, 4)
@@ -106,18 +100,18 @@ def test_top_ten_then_other() -> None:
 
 def test_ties_are_ordered_by_name() -> None:
     rows = [{"primary_studio": s} for s in ["b", "a", "c", "a", "b", "c"]]
-    assert list(generate_profile(frame(rows))["primary_studio"]["share"]) == ["a", "b", "c"]
+    assert list(profile_of(rows)["primary_studio"]["share"]) == ["a", "b", "c"]
 
 
 def test_empty_library_has_no_profile() -> None:
     with pytest.raises(ValueError):
-        generate_profile(frame([]))
+        profile_of([])
 
 
 def test_top_genres_only_when_published() -> None:
     rows = [{"genres": ["Drama"]} for _ in range(5)]
-    assert top_genres(generate_profile(frame(rows))) == [("Drama", 1.0)]
-    assert top_genres(generate_profile(frame(rows[:4]))) == []
+    assert top_genres(profile_of(rows)) == [("Drama", 1.0)]
+    assert top_genres(profile_of(rows[:4])) == []
 
 
 def test_the_profile_does_not_depend_on_the_order_items_are_read() -> None:
@@ -130,6 +124,6 @@ def test_the_profile_does_not_depend_on_the_order_items_are_read() -> None:
         profiles = set()
         for _ in range(10):
             rng.shuffle(rows)
-            profile = generate_profile(frame_from_rows(COLUMNS, tuple(rows)))
+            profile = generate_profile(COLUMNS, tuple(rows))
             profiles.add(json.dumps(profile, sort_keys=True))
         assert len(profiles) == 1

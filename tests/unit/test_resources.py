@@ -24,7 +24,7 @@ def test_unset_variables_keep_the_defaults() -> None:
         8,
         2000,
     )
-    assert inventory_database({}).run_claims == 500
+    assert inventory_database({}).run_claims == 5000
 
 
 def test_every_policy_field_is_a_field_of_the_database_resource() -> None:
