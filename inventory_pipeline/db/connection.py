@@ -262,7 +262,8 @@ def _pipelined(
 def fetch_tuples(
     conn: Connection, query: str, params: Params = None
 ) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
-    """Column names and plain tuples: the cheap path for bulk reads (a profile is generated from them)."""
+    """Column names and plain tuples: the cheap path for bulk reads (a profile is
+    generated from them)."""
     with translate_errors(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(query, params)
         columns = tuple(col.name for col in cur.description or ())
