@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from inventory_pipeline.db import Connection, execute, fetch_all, fetch_one
+from inventory_pipeline.db import Connection, DatabaseError, execute, fetch_all, fetch_one
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.profiles.models import RefreshPolicy
 from inventory_pipeline.provider.standin import StandIn
@@ -24,6 +24,7 @@ from tests import factories as f
 from tests import revalidation_cases as rc
 from tests.conftest import TMDB_TEST_KEY
 from tests.provider.test_faults import FAULTS as OBSERVATION_FAULTS
+from tests.roles import acting_as, writer_role
 
 
 @pytest.fixture
@@ -547,3 +548,35 @@ def test_the_demo_shows_three_proposals_and_two_cases_without_one(conn: Connecti
     view = service.overview(conn)
     assert sorted(p.source_title for p in view.live) == ["Heat", "Mad Men", "The Matrix"]
     assert {p.library for p in view.live} == {"Films", "Series"}
+
+
+def test_the_syncing_program_adopts_a_replacement_with_its_own_rights(
+    conn: Connection, db_url: str, movies: int, client: TmdbClient, standin: StandIn
+) -> None:
+    """The program that owns the typed identity reads the published replacements with
+    SELECT on the view alone, adopts one by writing the new id under its own table
+    rights, and the row leaves the view: the proposal is superseded, the item observed
+    under its own (new) id."""
+    item = rc.merged(conn, client, standin, movies, 603, 9603)
+    [result] = rc.revalidate(conn, client).results
+    assert result.proposal_id is not None
+    service.decide(conn, approve=[result.proposal_id], decided_by="alice")
+    rc.observe(conn, client)
+    with writer_role(db_url) as role:
+        execute(conn, f"GRANT SELECT ON identity_replacements TO {role}")
+        with acting_as(conn, role):
+            [row] = fetch_all(conn, "SELECT * FROM identity_replacements")
+            assert (row["item_id"], row["replacement_provider_id"]) == (item, "9603")
+        with pytest.raises(DatabaseError, match="permission denied"), acting_as(conn, role):
+            fetch_all(conn, "SELECT * FROM replacement_proposals")
+        with acting_as(conn, role):
+            execute(
+                conn,
+                "UPDATE media_server_items SET provider_id = %s WHERE id = %s",
+                (row["replacement_provider_id"], row["item_id"]),
+            )
+            assert fetch_all(conn, "SELECT * FROM identity_replacements") == []
+    assert service.proposals(conn, ("superseded",))[0].id == result.proposal_id
+    start = len(rc.requested(standin))
+    [adopted] = rc.observe(conn, client)
+    assert adopted.outcome == "observed" and rc.requested(standin, start) == ["/3/movie/9603"]
