@@ -308,8 +308,15 @@ def test_only_eligible_cases_are_revalidated(
 FAULTS = [*OBSERVATION_FAULTS, ("missing", {}, "invalid_response")]
 
 
-@pytest.mark.parametrize(("fault", "options", "category"), FAULTS)
-@pytest.mark.parametrize("step", ["find", "details"])
+# On the candidate's details (the observation's own request, whose faults the observation
+# suite covers), a fault of each kind and the 404 that is evidence.
+DETAILS_FAULTS = [f for f in FAULTS if f[0] in ("status", "throttle", "garbage", "slow")]
+
+
+@pytest.mark.parametrize(
+    ("step", "fault", "options", "category"),
+    [("find", *f) for f in FAULTS] + [("details", *f) for f in DETAILS_FAULTS],
+)
 def test_each_fault_is_one_request_and_one_bounded_retry(
     conn: Connection,
     movies: int,
