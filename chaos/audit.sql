@@ -390,3 +390,49 @@ CREATE TABLE chaos_faults (
     started_at timestamptz NOT NULL,
     ended_at timestamptz NOT NULL
 );
+
+-- Replacement identities (docs/identity-revalidation.md#invariants). Every observation
+-- written, with the item's own TMDb id and whether an approved proposal of the same
+-- source named the observed id at that moment: the trigger fires at the end of the
+-- writing statement, which holds the item row, so it reads the source observed.
+CREATE TABLE chaos_observation_writes (
+    seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
+    item_id bigint NOT NULL,
+    source_generation bigint NOT NULL,
+    tmdb_id bigint NOT NULL,
+    own_tmdb_id integer,
+    approved boolean NOT NULL,
+    written_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    actor text NOT NULL DEFAULT current_setting('application_name')
+);
+CREATE FUNCTION chaos_observation_audit() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    INSERT INTO chaos_observation_writes (item_id, source_generation, tmdb_id, own_tmdb_id,
+                                          approved)
+    SELECT NEW.item_id, NEW.source_generation, NEW.tmdb_id, tmdb_id_of(i.provider_id),
+           EXISTS (SELECT 1 FROM replacement_proposals p
+                   WHERE p.item_id = NEW.item_id AND p.state = 'approved'
+                     AND p.source_generation = NEW.source_generation
+                     AND p.candidate_tmdb_id = NEW.tmdb_id)
+    FROM media_server_items i WHERE i.id = NEW.item_id;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER chaos_observation_audit AFTER INSERT OR UPDATE ON provider_observations
+    FOR EACH ROW EXECUTE FUNCTION chaos_observation_audit();
+
+-- The merges the workload injected at the stand-in, and whether the revalidation must
+-- propose them (for an item of that kind and id with exactly `title` and a year within
+-- one of `year`): a broken round trip, an ambiguous lookup, or a survivor of another
+-- title or year must not be.
+CREATE TABLE chaos_merges (
+    seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
+    provider_kind text NOT NULL,
+    merged_id integer NOT NULL,
+    into_id integer NOT NULL,
+    title text NOT NULL,
+    year integer,
+    variant text NOT NULL,
+    corroborated boolean NOT NULL,
+    merged_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);

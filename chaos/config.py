@@ -71,6 +71,7 @@ WORKERS = {
     "refresher": 2,
     "observer": 2,
     "prober": 1,
+    "revalidator": 2,
     "stats": 2,
     "drainer": 2,
     "maintainer": 1,
@@ -98,6 +99,25 @@ STORM_AT = 0.45
 STORM_OPERATIONS = 40  # 5 s at 8 operations/s
 STORM_RETRY_AFTER = "2"
 STORM_ITEMS = 30  # a sync brings this many items due for observation as the storm starts
+
+# -- merges at TMDb and the operator's gate (docs/identity-revalidation.md) --------------
+# The stand-in folds observed records into survivors: at these fractions of the run this
+# many at once (deletes and truncates take many merged items before their cases are
+# checked), then now and then as a drawn operation. Most variants must be proposed; the
+# others break one corroboration rule each (a survivor naming its own external ids, a
+# lookup naming two records, a survivor of another title or year).
+MERGE_AT = (0.2, 0.5, 0.8)
+MERGES_AT_ONCE = 8
+MERGE_VARIANTS = (
+    ("corroborated", 6),
+    ("round_trip", 1),
+    ("ambiguous", 1),
+    ("title", 1),
+    ("year", 1),
+)
+# The hourly revalidation budget of the revalidator workers: the most the product allows
+# (a refused check re-runs after every failure, seconds apart under the harness's clocks).
+REVALIDATIONS_PER_HOUR = 3600
 
 # -- the stats side ----------------------------------------------------------------------
 # Users with more candidate exercises than one compute batch (100), so every full-history
@@ -137,8 +157,13 @@ DAEMON_ENV = {
 # run has Dagster-path work; past this it goes on without (the checks will say why).
 DAEMON_FIRST_ACK_SECONDS = 90
 # Sensors whose product clocks (five-minute item leases, six-hour backoffs, one-minute
-# wakeup spacing) do not fit a run of seconds; the harness's own workers cover them.
-DAEMON_STOPPED_SENSORS = ("provider_observation_sensor", "credential_wakeup_sensor")
+# wakeup spacing, an hourly budget) do not fit a run of seconds; the harness's own
+# workers cover them.
+DAEMON_STOPPED_SENSORS = (
+    "provider_observation_sensor",
+    "credential_wakeup_sensor",
+    "identity_revalidation_sensor",
+)
 
 # -- errors ----------------------------------------------------------------------------
 # What a worker may meet under chaos and recover from, by SQLSTATE: lock not available,

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chaos import invariants, oracle, stats_oracle
+from chaos import invariants, oracle, replacements, stats_oracle
 from chaos.config import (
     API_KEY,
     AUTH_BACKLOG_AT,
@@ -45,6 +45,8 @@ from chaos.config import (
     MAX_TERMINAL_FAILURES,
     MAX_UNPLANNED_EXITS,
     MAX_WORKER_ERRORS_PER_MINUTE,
+    MERGE_AT,
+    MERGES_AT_ONCE,
     OPS_PER_SECOND,
     PAUSE_CHANCE,
     PAUSE_SECONDS,
@@ -147,6 +149,9 @@ class Report:
     squeezes: int = 0
     edits_during_compute: int = 0
     exhausted_retried: int = 0  # by the runbook while settling
+    merges: Counter[str] = field(default_factory=Counter)  # by variant
+    reviewed: Counter[str] = field(default_factory=Counter)  # operator decisions
+    replacements: dict[str, object] = field(default_factory=dict)
     divergences: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
@@ -170,6 +175,8 @@ class Report:
             f" {self.edits_during_compute}, exhausted jobs retried by the runbook while"
             f" settling {self.exhausted_retried}",
             f"audit: {self.audit}",
+            f"merges injected: {counted(self.merges)}; operator decisions:"
+            f" {counted(self.reviewed)}; replacements: {self.replacements}",
             f"throttle storms, requests that reached the stand-in: {self.storms}",
             f"longest an active library stayed dirty: {self.dirty_seconds:.1f} s",
             f"quiescence after {self.quiesce_seconds:.1f} s (last outstanding: "
@@ -272,6 +279,8 @@ class Harness:
         ]
         self.lock = threading.Lock()
         self.faults: list[tuple[str, float, float]] = []  # kind, start, end (epoch s)
+        # The operator's decisions while settling: a stream of their own, replayable.
+        self.review_rng = random.Random(f"{report.seed}-review")
 
     def start(self, worker: Worker) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -425,7 +434,8 @@ def _quiesce(
     while time.monotonic() - started < timeout:
         harness.restart_exited()
         harness.report.exhausted_retried += retry_exhausted(conn)
-        left = invariants.outstanding(conn)
+        harness.report.reviewed.update(replacements.review(conn, harness.review_rng))
+        left = {**invariants.outstanding(conn), **replacements.outstanding(conn)}
         if waited is not None:
             waited.update({k: time.monotonic() - started for k, v in left.items() if v})
         calm = calm + 1 if not any(left.values()) else 0
@@ -579,6 +589,8 @@ def run(
                 report.unexpected_refusals = workload.unexpected
                 report.unsupported = workload.unsupported
                 report.squeezes = workload.squeezes
+                report.merges = workload.merges
+                report.reviewed.update(workload.reviewed)
                 report.edits_during_compute = workload.edits_during_compute
                 report.storms = [
                     sum(1 for t in list(standin.state.arrivals) if start <= t <= end)
@@ -616,6 +628,7 @@ def run(
             with connect(url, application_name="chaos.harness") as conn:
                 harness.record_faults(conn)
                 report.audit = _audit(conn)
+                report.replacements = replacements.summary(conn)
                 report.divergences += _checks(conn, report, harness)
     finally:
         if dagster is not None:
@@ -636,6 +649,7 @@ def _checks(conn: Connection, report: Report, harness: Harness) -> list[str]:
     out += invariants.wakeups(conn, WAKEUP_RELEASE_LIMIT, WAKEUP_SPACING_SECONDS)
     out += invariants.nothing_stuck(conn)
     out += invariants.malformed_identities(conn)
+    out += replacements.checks(conn)
     out += judge_errors(report.worker_errors)
     out += [f"write refused: {line}" for line in report.unexpected_refusals]
     if report.daemon and not report.restarts:
@@ -668,6 +682,7 @@ def _chaos(
     auth_backlog = int(total * AUTH_BACKLOG_AT)
     squeeze, rebuild = int(total * SQUEEZE_AT), int(total * REBUILD_AT)
     empty_user = int(total * EMPTY_USER_AT)
+    merge_batches = {int(total * at) for at in MERGE_AT}
     started = time.monotonic()
     admin = connect(harness.url, application_name="chaos.harness")
     try:
@@ -687,6 +702,8 @@ def _chaos(
                 workload.apply("rebuild_everyone", workload.rebuild_everyone)
             if op == empty_user:
                 workload.apply("empty_user", workload.empty_user)
+            if op in merge_batches:
+                workload.apply("merge_batch", lambda: workload.merge(MERGES_AT_ONCE))
             workload.step()
             roll = schedule.random()
             target = schedule.choice(harness.workers)

@@ -19,6 +19,7 @@ from chaos.config import (
     LEASE_SECONDS,
     PROFILE_POLICY,
     RETRY_POLICY,
+    REVALIDATIONS_PER_HOUR,
     WAKEUP_BACKOFF_SECONDS,
     WAKEUP_RELEASE_LIMIT,
     WAKEUP_SPACING_SECONDS,
@@ -27,9 +28,10 @@ from inventory_pipeline.credentials import service as credentials
 from inventory_pipeline.db import Connection, DatabaseUnavailable, connect, execute
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.profiles.generator import generate_profile
-from inventory_pipeline.provider.models import FetchResult
+from inventory_pipeline.provider.models import Failure, FetchResult, FindAnswer
 from inventory_pipeline.provider.tmdb import TmdbClient
 from inventory_pipeline.recovery import service as recovery
+from inventory_pipeline.revalidation import service as revalidation
 from inventory_pipeline.stats import maintenance, processors
 from inventory_pipeline.stats import service as stats_service
 
@@ -95,6 +97,12 @@ class StallingClient(TmdbClient):
             stall()
         return result
 
+    def find(self, *args: Any, **kwargs: Any) -> FindAnswer | Failure:
+        result = super().find(*args, **kwargs)
+        if random.random() < 0.05:
+            stall()
+        return result
+
 
 def observer(provider_url: str) -> Step:
     """What an observation run does, one batch per step through the same service calls
@@ -111,6 +119,27 @@ def observer(provider_url: str) -> Step:
             declare(conn, claim.lease_token)
             recovery.observe_claim(conn, claim, client, settings, RETRY_POLICY)
         return bool(claims)
+
+    return step
+
+
+def revalidator(provider_url: str) -> Step:
+    """What a revalidation run does, a claim of two cases per step through the same
+    service calls (the sweep first; nothing while admission is paused), with each
+    claim's token declared; the client now and then stalls past the lease, so a
+    completion must find its claim lost."""
+    client = StallingClient(provider_url, timeout_seconds=1.0, max_body_bytes=64 * 1024)
+
+    def step(conn: Connection) -> bool:
+        if recovery.admission_paused_seconds(conn) > 0:
+            return False
+        revalidation.sweep(conn)
+        claims, walked = revalidation.claim(conn, 2, REVALIDATIONS_PER_HOUR, LEASE_SECONDS)
+        settings = recovery.provider_settings(conn)
+        for claim in claims:
+            declare(conn, claim.lease_token)
+            revalidation.revalidate_claim(conn, claim, client, settings, RETRY_POLICY)
+        return walked > 0
 
     return step
 
@@ -190,10 +219,21 @@ def role_step(role: str, provider_url: str) -> Step:
         return observer(provider_url)
     if role == "prober":
         return prober(provider_url)
+    if role == "revalidator":
+        return revalidator(provider_url)
     return steps[role]
 
 
-ROLES = ("planner", "refresher", "observer", "prober", "stats", "drainer", "maintainer")
+ROLES = (
+    "planner",
+    "refresher",
+    "observer",
+    "prober",
+    "revalidator",
+    "stats",
+    "drainer",
+    "maintainer",
+)
 
 
 def error_line(role: str, exc: BaseException) -> str:

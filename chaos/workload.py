@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import date, timedelta
 from typing import Any
 
+from chaos import replacements
 from chaos.config import (
     API_KEY,
     AUTH_BACKLOG_CASES,
@@ -149,6 +150,10 @@ class Workload:
     edits_during_compute: int = 0
     rebuild: threading.Thread | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Merges at the stand-in: the records folded so far, and what the operator decided.
+    merged: set[tuple[str, int]] = field(default_factory=set)
+    merges: Counter[str] = field(default_factory=Counter)
+    reviewed: Counter[str] = field(default_factory=Counter)
 
     def setup(
         self,
@@ -722,6 +727,17 @@ class Workload:
         fault, options = self.rng.choice(FAULTS)
         self.standin.set_fault(fault, **options)
 
+    def merge(self, count: int = 1) -> None:
+        """TMDb folds observed records into others (chaos/replacements.py)."""
+        for _ in range(count):
+            variant = replacements.merge(self.conn, self.standin, self.rng, self.merged)
+            if variant:
+                self.merges[variant] += 1
+
+    def review(self) -> None:
+        """An operator decides the proposals awaiting review."""
+        self.reviewed.update(replacements.review(self.conn, self.rng))
+
     def edit_key(self) -> None:
         key = API_KEY if self.rng.random() < 0.6 else WRONG_KEY
         execute(
@@ -781,6 +797,8 @@ class Workload:
             ("writer_upsert", self.writer_upsert, 2),
             ("writer_merge", self.writer_merge, 2),
             ("writer_copy", self.writer_copy, 2),
+            ("merge", self.merge, 2),
+            ("review", self.review, 2),
         ]
 
     def step(self) -> str:

@@ -24,7 +24,7 @@ from typing import NoReturn, TypeAlias
 from inventory_pipeline.credentials import service as credentials
 from inventory_pipeline.credentials.models import short
 from inventory_pipeline.db import DatabaseError, connect
-from inventory_pipeline.demo import load_demo
+from inventory_pipeline.demo import apply_merges, load_demo
 from inventory_pipeline.deployment import (
     DAEMON_COMMAND,
     INSTANCE_MIGRATE_COMMAND,
@@ -38,6 +38,8 @@ from inventory_pipeline.profiles import service
 from inventory_pipeline.provider.standin import StandIn
 from inventory_pipeline.recovery import service as recovery
 from inventory_pipeline.recovery.models import ProviderSettings
+from inventory_pipeline.revalidation import service as revalidation
+from inventory_pipeline.revalidation.models import Proposal, ProposalRefused
 from inventory_pipeline.settings import (
     DAGSTER_STORAGE_URL,
     DATABASE_URL,
@@ -228,6 +230,58 @@ def _stats_parser(sub: Subparsers) -> None:
     drain.add_argument("--rounds", type=_count, default=50, help="claims to process")
 
 
+def _proposals_parser(sub: Subparsers) -> None:
+    proposals = _command(
+        sub,
+        "proposals",
+        "review replacement proposals for unresolved TMDb 404s",
+        "Review the replacement identities proposed for unresolved TMDb 404s on\n"
+        "corroborated external-id evidence, and approve or reject them. Nothing is\n"
+        "applied without approval; an approved item is observed under its new id and the\n"
+        "replacement is published for the syncing program (docs/identity-revalidation.md).",
+        ["proposals list", "proposals approve 7 9", "proposals reject 8"],
+        None,
+    )
+    actions = proposals.add_subparsers(
+        dest="proposals_command", required=True, parser_class=_Parser, metavar="ACTION"
+    )
+    listing = _command(
+        actions,
+        "list",
+        "list proposals and why other cases got none",
+        "List proposals as they stand (by default those awaiting a decision or approved),\n"
+        "newest first, with their title and year evidence, then count the checks that\n"
+        "proposed nothing by reason.",
+        ["proposals list", "proposals list --state all", "proposals list --state rejected"],
+        _proposals_list,
+    )
+    listing.add_argument(
+        "--state",
+        default="proposed,approved",
+        help="comma-separated states (proposed, approved, rejected, superseded) or all",
+    )
+    listing.add_argument("--limit", type=_count, default=100, help="proposals to list")
+    for action, verb in (("approve", "approved"), ("reject", "rejected")):
+        decide = _command(
+            actions,
+            action,
+            f"{action} proposals by id",
+            f"{action.title()} the proposals named, all or nothing: each must still stand as\n"
+            "proposed, else nothing is decided and the first that does not is named.\n"
+            + (
+                "An approved item is observed under its candidate id at the next observation\n"
+                "run; the items table is never written."
+                if action == "approve"
+                else "A rejected case keeps its id and its ordinary backoff."
+            ),
+            [f"proposals {action} 7", f"proposals {action} 7 9 --by alice"],
+            _proposals_decide,
+        )
+        decide.set_defaults(decision=verb)
+        decide.add_argument("ids", type=_count, nargs="+", metavar="ID", help="proposal ids")
+        decide.add_argument("--by", help="who decides (default: the login name)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
@@ -331,6 +385,7 @@ def _parser() -> argparse.ArgumentParser:
     key.add_argument("--language", type=_language, help="TMDb language, e.g. en-US")
     key.add_argument("--inactive", action="store_true", help="save it but keep it inactive")
     _stats_parser(sub)
+    _proposals_parser(sub)
     return parser
 
 
@@ -387,6 +442,7 @@ def _serve(
     if args.demo:
         # The demo observes a local TMDb stand-in: no internet, faults switchable.
         standin = stack.enter_context(StandIn(api_key=DEMO_KEY, missing_every=17))
+        apply_merges(standin)  # a few demo items TMDb merged away: proposals to review
         os.environ[TMDB_BASE_URL] = standin.url
         with connect(deployment.app_url) as conn:
             created = load_demo(conn)
@@ -440,6 +496,7 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
         due = recovery.due_items(conn)
         paused = recovery.admission_paused_seconds(conn)
         cases = recovery.case_overview(conn)
+        proposal_states = revalidation.overview(conn, limit=1).states
         key = recovery.provider_settings(conn)
         wakeup = credentials.status(conn)
         stats_status = stats.worker_status(conn)
@@ -455,6 +512,8 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
     if paused > 0:
         print(f"TMDb admission       paused {paused:.0f} s more (TMDb throttled)")
     print(f"open recovery cases  {sum(cases.values())} {cases or ''}".rstrip())
+    if proposal_states:
+        print(f"replacement proposals {proposal_states}")
     if wakeup is not None:
         state = "verified" if wakeup.verified else (wakeup.last_outcome or "unverified")
         print(
@@ -585,8 +644,74 @@ def _stats_drain(args: argparse.Namespace, settings: Settings) -> int:
     return 0 if summary.failed == 0 else 1
 
 
+def _proposal_line(p: Proposal) -> str:
+    state = p.state + ("/replaced" if p.replaced_at else "")
+    titles = f'"{p.source_title}" = "{p.candidate_title}"'
+    if p.candidate_original_title and p.candidate_original_title != p.candidate_title:
+        titles += f' (original "{p.candidate_original_title}")'
+    return (
+        f"{p.id:<6} {state:<17} {p.item_id:<8} {(p.library or '-')[:20]:<20} "
+        f"{p.provider_kind:<5} {p.old_tmdb_id:<10} {p.candidate_tmdb_id:<10} "
+        f"{p.source_year}~{p.candidate_year:<6} {p.age_seconds // 3600:>4} h  {titles}"
+    )
+
+
+def _proposals_list(args: argparse.Namespace, settings: Settings) -> int:
+    states = revalidation.parse_states(args.state)
+    with reach(settings) as deployment, connect(deployment.app_url) as conn:
+        listed = revalidation.proposals(conn, states, args.limit)
+        view = revalidation.overview(conn, limit=1)
+    if listed:
+        print(
+            f"{'ID':<6} {'STATE':<17} {'ITEM':<8} {'LIBRARY':<20} {'KIND':<5} {'OLD':<10} "
+            f"{'CANDIDATE':<10} {'YEAR':<11} {'AGE':>6}  TITLE"
+        )
+        for p in listed:
+            print(_proposal_line(p))
+    else:
+        print(f"no proposals {', '.join(states)}")
+    reasons = ", ".join(f"{r} {n}" for r, n in sorted(view.reasons.items()))
+    print(
+        f"{sum(view.reasons.values())} cases with no proposal ({reasons or '-'}); "
+        f"{view.due} due for revalidation"
+    )
+    return 0
+
+
+def _operator(args: argparse.Namespace) -> str:
+    if args.by is not None:
+        return str(args.by)
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        raise CliError("no login name to record the decision with: pass --by NAME") from None
+
+
+def _proposals_decide(args: argparse.Namespace, settings: Settings) -> int:
+    approve = list(args.ids) if args.decision == "approved" else []
+    reject = list(args.ids) if args.decision == "rejected" else []
+    with reach(settings) as deployment, connect(deployment.app_url) as conn:
+        decided = revalidation.decide(conn, approve, reject, _operator(args))
+    for d in decided:
+        then = (
+            f"TMDb {d.old_tmdb_id} -> {d.candidate_tmdb_id}; observed under the new id at the "
+            "next observation run"
+            if d.state == "approved"
+            else f"keeps TMDb {d.old_tmdb_id} and its ordinary backoff"
+        )
+        print(f"{PROG}: proposal {d.proposal_id} {d.state} (item {d.item_id}: {then})")
+    return 0
+
+
 # Refusals a user can cause: one line on standard error, exit 1.
-USER_ERRORS = (SettingsError, DatabaseError, CliError, SupervisorError, stats_runbook.RunbookError)
+USER_ERRORS = (
+    SettingsError,
+    DatabaseError,
+    CliError,
+    SupervisorError,
+    stats_runbook.RunbookError,
+    ProposalRefused,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

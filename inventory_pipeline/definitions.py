@@ -30,6 +30,7 @@ from inventory_pipeline.defs import (  # noqa: E402  (after the filters above)
     credentials,
     observation,
     profiles,
+    revalidation,
     stats,
     stats_maintenance,
 )
@@ -39,6 +40,7 @@ defs = dg.Definitions(
     assets=[
         profiles.library_profile,
         observation.provider_observations,
+        revalidation.replacement_proposals,
         credentials.tmdb_credential,
         stats.exercise_stats,
         stats.period_stats,
@@ -53,6 +55,8 @@ defs = dg.Definitions(
         profiles.library_profile_refresh,
         profiles.profile_request_compaction,
         observation.provider_observation,
+        revalidation.identity_revalidation,
+        revalidation.replacement_decision,
         credentials.credential_wakeup,
         stats.stats_drain,
         stats.stats_worker_control,
@@ -61,6 +65,7 @@ defs = dg.Definitions(
     sensors=[
         profiles.library_profile_sensor,
         observation.provider_observation_sensor,
+        revalidation.identity_revalidation_sensor,
         credentials.credential_wakeup_sensor,
         stats.stats_refresh_sensor,
         *profiles.profile_sensors,

@@ -12,6 +12,7 @@ from uuid import UUID
 
 from inventory_pipeline.db import Connection, execute, fetch_one, jsonb, transaction
 from inventory_pipeline.db.queries import load_queries
+from inventory_pipeline.provider.standin import StandIn, external_ids
 
 QUERIES = load_queries("inventory_pipeline", "demo.sql")
 
@@ -80,6 +81,60 @@ def _items(rng: random.Random, library: DemoLibrary) -> list[dict[str, Any]]:
     return rows
 
 
+@dataclass(frozen=True)
+class DemoMerge:
+    """A demo item whose TMDb record (`kind`, `merged`) the stand-in folds into `into`:
+    the survivor carries the item's title and `year`; `also` adds a second record to the
+    lookup (an ambiguous one)."""
+
+    library: str
+    title: str
+    year: int
+    kind: str
+    merged: int
+    into: int
+    survivor_year: int | None = None
+    also: tuple[tuple[str, int], ...] = ()
+
+
+# Three corroborated merges (proposed for an operator), an ambiguous lookup and a
+# survivor of another year (no proposal, with the reason shown). No id is divisible by
+# the stand-in's 17 (those are unknown in the demo).
+DEMO_MERGES = (
+    DemoMerge("Films", "Heat", 1995, "movie", 949, 1949),
+    DemoMerge("Films", "The Matrix", 1999, "movie", 603, 1603),
+    DemoMerge("Series", "Mad Men", 2007, "tv", 1104, 11104),
+    DemoMerge("Films", "Ronin", 1998, "movie", 8195, 18195, also=(("movie", 28195),)),
+    DemoMerge("Films", "Alien", 1979, "movie", 348, 1348, survivor_year=1986),
+)
+
+
+def apply_merges(standin: StandIn) -> None:
+    """The demo's merges, as TMDb made them (every start: the stand-in keeps nothing)."""
+    for m in DEMO_MERGES:
+        standin.merge(
+            m.kind, m.merged, m.into, title=m.title, year=m.survivor_year or m.year, also=m.also
+        )
+
+
+def _merged_items(conn: Connection, libraries: dict[str, int]) -> None:
+    for m in DEMO_MERGES:
+        ids = external_ids(m.kind, m.merged)
+        execute(
+            conn,
+            QUERIES["insert_merged_item"],
+            {
+                "library_id": libraries[m.library],
+                "title": m.title,
+                "year": m.year,
+                "kind": m.kind,
+                "tmdb_id": m.merged,
+                "imdb_id": ids["imdb_id"],
+                "tvdb_id": ids["tvdb_id"],
+            },
+        )
+
+
 EXERCISES = ("back_squat", "bench_press", "deadlift", "overhead_press", "barbell_row", "pull_up")
 DEMO_USERS = (
     UUID("00000000-0000-4000-8000-000000000001"),
@@ -127,6 +182,7 @@ def load_demo(conn: Connection, seed: int = 2026) -> int:
         if present is not None and present["present"]:
             return 0
         servers: dict[str, int] = {}
+        libraries: dict[str, int] = {}
         for library in LIBRARIES:
             if library.server not in servers:
                 kind = "plex" if "Plex" in library.server else "jellyfin"
@@ -146,6 +202,7 @@ def load_demo(conn: Connection, seed: int = 2026) -> int:
             )
             assert row is not None
             library_id = int(row["id"])
+            libraries[library.name] = library_id
             if library.policy:
                 execute(conn, QUERIES["insert_policy"], {"library_id": library_id})
             if library.items:
@@ -154,5 +211,6 @@ def load_demo(conn: Connection, seed: int = 2026) -> int:
                     QUERIES["insert_items"],
                     {"library_id": library_id, "items": jsonb(_items(rng, library))},
                 )
+        _merged_items(conn, libraries)
         _training_log(conn, rng)
     return len(LIBRARIES)

@@ -21,7 +21,15 @@ TMDB_BASE_URL = "INVENTORY_TMDB_BASE_URL"
 TMDB_RATE = "INVENTORY_TMDB_RATE"
 OBSERVATION_WORKERS = "INVENTORY_OBSERVATION_WORKERS"
 OBSERVATION_MAX_ITEMS = "INVENTORY_OBSERVATION_MAX_ITEMS"
+REVALIDATIONS_PER_HOUR = "INVENTORY_REVALIDATIONS_PER_HOUR"
 DEFAULT_TMDB_BASE_URL = "https://api.themoviedb.org"
+# Unresolved 404 cases revalidated per rolling hour, by every process together (each
+# check is an external-id lookup and at most one details request): a merge is rare, and
+# a library's backlog of them is worked off over hours, never in a burst
+# (docs/identity-revalidation.md#budget). The budget keeps one timestamp per claim of
+# the last hour in one row, hence the ceiling.
+DEFAULT_REVALIDATIONS_PER_HOUR = 60
+MAX_REVALIDATIONS_PER_HOUR = 3600
 
 # RefreshPolicy field -> environment variable, e.g. lease_seconds -> INVENTORY_LEASE_SECONDS
 POLICY_ENV = {f.name: "INVENTORY_" + f.name.upper() for f in fields(RefreshPolicy)}
@@ -47,6 +55,15 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     except ValueError:
         raise SettingsError(f"{name} must be a whole number, got {raw!r}") from None
     return checked_positive(name, value)
+
+
+def checked_revalidations(value: int) -> int:
+    """The hourly revalidation budget: 1 to MAX_REVALIDATIONS_PER_HOUR."""
+    if not 1 <= value <= MAX_REVALIDATIONS_PER_HOUR:
+        raise SettingsError(
+            f"{REVALIDATIONS_PER_HOUR} must be from 1 to {MAX_REVALIDATIONS_PER_HOUR}, got {value}"
+        )
+    return value
 
 
 def checked_policy(values: Mapping[str, int]) -> RefreshPolicy:
@@ -76,14 +93,22 @@ class TmdbSettings:
     rate: int = 40
     workers: int = 8
     max_items: int = 2000
+    revalidations_per_hour: int = DEFAULT_REVALIDATIONS_PER_HOUR
 
 
-def checked_tmdb(base_url: str, rate: int, workers: int, max_items: int) -> TmdbSettings:
+def checked_tmdb(
+    base_url: str,
+    rate: int,
+    workers: int,
+    max_items: int,
+    revalidations_per_hour: int = DEFAULT_REVALIDATIONS_PER_HOUR,
+) -> TmdbSettings:
     return TmdbSettings(
         base_url=_base_url(base_url),
         rate=checked_positive(TMDB_RATE, rate),
         workers=checked_positive(OBSERVATION_WORKERS, workers),
         max_items=checked_positive(OBSERVATION_MAX_ITEMS, max_items),
+        revalidations_per_hour=checked_revalidations(revalidations_per_hour),
     )
 
 
@@ -98,6 +123,7 @@ class Settings:
     tmdb_rate: int = 40
     observation_workers: int = 8
     observation_max_items: int = 2000
+    revalidations_per_hour: int = DEFAULT_REVALIDATIONS_PER_HOUR
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -124,4 +150,7 @@ class Settings:
             tmdb_rate=_positive_int(env, TMDB_RATE, 40),
             observation_workers=_positive_int(env, OBSERVATION_WORKERS, 8),
             observation_max_items=_positive_int(env, OBSERVATION_MAX_ITEMS, 2000),
+            revalidations_per_hour=checked_revalidations(
+                _positive_int(env, REVALIDATIONS_PER_HOUR, DEFAULT_REVALIDATIONS_PER_HOUR)
+            ),
         )

@@ -149,8 +149,9 @@ def provider_observation() -> None:
     minimum_interval_seconds=10,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Launches an observation run when items are due (never observed, source "
-    "changed, retry due or lease expired), admission is not paused by throttling, and "
-    "none is already queued or running.",
+    "changed, retry due, lease expired, or an approved replacement awaiting its first "
+    "observation), admission is not paused by throttling, and none is already queued or "
+    "running.",
 )
 def provider_observation_sensor(
     context: dg.SensorEvaluationContext, inventory_db: InventoryDatabase

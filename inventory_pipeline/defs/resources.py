@@ -27,11 +27,13 @@ from inventory_pipeline.db import Connection, connect
 from inventory_pipeline.profiles.models import RefreshPolicy
 from inventory_pipeline.settings import (
     DATABASE_URL,
+    DEFAULT_REVALIDATIONS_PER_HOUR,
     DEFAULT_TMDB_BASE_URL,
     MAX_RUNS_PER_TICK,
     OBSERVATION_MAX_ITEMS,
     OBSERVATION_WORKERS,
     POLICY_ENV,
+    REVALIDATIONS_PER_HOUR,
     TMDB_BASE_URL,
     TMDB_RATE,
     SettingsError,
@@ -93,12 +95,19 @@ class TmdbResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     rate: int = 40
     workers: int = 8
     max_items: int = 2000
+    revalidations_per_hour: int = DEFAULT_REVALIDATIONS_PER_HOUR
 
     def settings(self) -> TmdbSettings:
-        """The validated values; an invalid one fails the run in one line (a URL is
-        shown without its query, user or password)."""
+        """The validated values; an invalid one fails the run or tick in one line (a URL
+        is shown without its query, user or password)."""
         try:
-            return checked_tmdb(self.base_url, self.rate, self.workers, self.max_items)
+            return checked_tmdb(
+                self.base_url,
+                self.rate,
+                self.workers,
+                self.max_items,
+                self.revalidations_per_hour,
+            )
         except SettingsError as exc:
             raise dg.Failure(str(exc)) from None
 
@@ -127,6 +136,7 @@ def tmdb_resource(env: Mapping[str, str] | None = None) -> TmdbResource:
         rate=_bound(env, TMDB_RATE, 40),
         workers=_bound(env, OBSERVATION_WORKERS, 8),
         max_items=_bound(env, OBSERVATION_MAX_ITEMS, 2000),
+        revalidations_per_hour=_bound(env, REVALIDATIONS_PER_HOUR, DEFAULT_REVALIDATIONS_PER_HOUR),
     )
 
 

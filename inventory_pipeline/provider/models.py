@@ -26,9 +26,15 @@ CATEGORIES: tuple[Category, ...] = (
 )
 
 
+ExternalSource = Literal["imdb_id", "tvdb_id"]
+
+
 @dataclass(frozen=True)
 class Observation:
-    """A validated TMDb movie or TV record."""
+    """A validated TMDb movie or TV record. Its external ids (a movie's IMDb id; a show's
+    IMDb and TVDB ids) are the evidence a later revalidation looks up
+    (docs/identity-revalidation.md#evidence); the original title is read for that
+    comparison and never stored."""
 
     tmdb_id: int
     kind: ProviderKind
@@ -40,6 +46,37 @@ class Observation:
     companies: tuple[str, ...]
     release_date: date | None
     status: str | None
+    original_title: str | None = None
+    imdb_id: str | None = None
+    tvdb_id: int | None = None
+
+    def external_id(self, source: ExternalSource) -> str | None:
+        """The record's external id of that source, as text (None: it has none)."""
+        if source == "imdb_id":
+            return self.imdb_id
+        return None if self.tvdb_id is None else str(self.tvdb_id)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One result of an external-id lookup (`/3/find`): a TMDb record of a kind, with the
+    titles and date the lookup lists for it."""
+
+    tmdb_id: int
+    kind: ProviderKind
+    title: str | None
+    original_title: str | None
+    release_date: date | None
+
+
+@dataclass(frozen=True)
+class FindAnswer:
+    """The movie and TV results of an external-id lookup; other kinds are dropped."""
+
+    candidates: tuple[Candidate, ...]
+
+    def of_kind(self, kind: ProviderKind) -> tuple[Candidate, ...]:
+        return tuple(c for c in self.candidates if c.kind == kind)
 
 
 @dataclass(frozen=True)

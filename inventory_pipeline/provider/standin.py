@@ -1,13 +1,26 @@
 """A local TMDb v3 stand-in over real HTTP, for the demo and the tests.
 
-It serves the documented endpoints (`/3/movie/{id}`, `/3/tv/{id}`,
-`/3/configuration`) with TMDb-shaped bodies and error bodies, checks the API key, and
-has switchable faults so observation and recovery are visible without internet:
+It serves the documented endpoints (`/3/movie/{id}`, `/3/tv/{id}` with its appended
+`external_ids`, `/3/find/{external_id}`, `/3/configuration`) with TMDb-shaped bodies and
+error bodies, checks the API key, and has switchable faults so observation and recovery
+are visible without internet:
 
     POST   /__standin/faults   {"fault": "status", "status": 503, "ids": [12]}
     DELETE /__standin/faults
     POST   /__standin/catalog  {"kind": "movie", "id": 12, "available": true}
+    POST   /__standin/merge    {"kind": "movie", "from": 12, "into": 34, "title": "Heat",
+                                "year": 1995, "round_trip": true, "also": [56]}
+    DELETE /__standin/merge
     GET    /__standin/stats    arrivals per second
+
+Every record has deterministic external ids: movie X the IMDb id tt000000X (seven
+digits at least), show X the IMDb id tt(5000000000 + X) and the TVDB id 900000000 + X.
+A merge simulates TMDb folding a duplicate into another record: `from` answers 404
+(status code 34) for good, its external ids find `into`, and `into` carries the merged
+record's external ids, the given title (default: the merged record's) and year. The
+variations a revalidation must refuse: `round_trip: false` (the survivor's details name
+its own external ids), `also` (more results of the find: ids of the same kind, or
+[kind, id] pairs), a title or year of its own.
 
 Faults: status (any HTTP status, TMDb error body), throttle (429 + Retry-After),
 slow (delay seconds), drip (body a byte at a time), drip_headers (status line and
@@ -53,6 +66,31 @@ THROTTLED = {
 }
 
 
+TV_IMDB_BASE = 5_000_000_000
+TVDB_BASE = 900_000_000
+
+
+def external_ids(kind: str, tmdb_id: int) -> dict[str, Any]:
+    """A record's deterministic external ids (a movie has no TVDB id)."""
+    if kind == "movie":
+        return {"imdb_id": f"tt{tmdb_id:07d}", "tvdb_id": None}
+    tvdb = TVDB_BASE + tmdb_id if tmdb_id < 10**9 else None
+    return {"imdb_id": f"tt{TV_IMDB_BASE + tmdb_id}", "tvdb_id": tvdb}
+
+
+def owner_of(source: str, external_id: str) -> tuple[str, int] | None:
+    """The record whose own external id this is, when it is one of ours."""
+    if source == "imdb_id" and external_id.startswith("tt") and external_id[2:].isdigit():
+        number = int(external_id[2:])
+        if number >= TV_IMDB_BASE:
+            return ("tv", number - TV_IMDB_BASE)
+        return ("movie", number) if number > 0 else None
+    if source == "tvdb_id" and external_id.isascii() and external_id.isdigit():
+        number = int(external_id) - TVDB_BASE
+        return ("tv", number) if number > 0 else None
+    return None
+
+
 def record(kind: str, tmdb_id: int) -> dict[str, Any]:
     """A deterministic TMDb-shaped record for any id."""
     rng = random.Random(f"{kind}:{tmdb_id}")
@@ -62,6 +100,7 @@ def record(kind: str, tmdb_id: int) -> dict[str, Any]:
     return {
         "id": tmdb_id,
         title_key: f"{kind.title()} {tmdb_id}",
+        f"original_{title_key}": f"{kind.title()} {tmdb_id}",
         "genres": [{"id": i, "name": g} for i, g in enumerate(rng.sample(GENRES, 2))],
         "vote_average": round(rng.uniform(3, 9), 1),
         "vote_count": rng.randint(10, 20000),
@@ -71,7 +110,21 @@ def record(kind: str, tmdb_id: int) -> dict[str, Any]:
         "status": "Released" if kind == "movie" else "Ended",
         "popularity": rng.uniform(0, 100),
         "adult": False,
+        **({"imdb_id": external_ids(kind, tmdb_id)["imdb_id"]} if kind == "movie" else {}),
     }
+
+
+def _titles(kind: str) -> tuple[str, str, str]:
+    """The keys of a record's title, original title and date."""
+    if kind == "movie":
+        return "title", "original_title", "release_date"
+    return "name", "original_name", "first_air_date"
+
+
+def summary(body: dict[str, Any], kind: str) -> dict[str, Any]:
+    """A record as `/3/find` lists it."""
+    keys = ("id", *_titles(kind), "original_language", "vote_average", "popularity")
+    return {**{k: body[k] for k in keys if k in body}, "media_type": kind}
 
 
 CONFIGURATION = {
@@ -97,20 +150,38 @@ class Fault:
         return self.ids is None or (tmdb_id is not None and tmdb_id in self.ids)
 
 
+@dataclass(frozen=True)
+class Merge:
+    """`(kind, from)` folded into `into` (see the module docstring)."""
+
+    into: int
+    title: str | None = None
+    original_title: str | None = None
+    year: int | None = None
+    round_trip: bool = True
+    also: tuple[tuple[str, int], ...] = ()
+
+
 @dataclass
 class StandInState:
     api_key: str
     missing: set[tuple[str, int]] = field(default_factory=set)
     available: set[tuple[str, int]] = field(default_factory=set)
+    merges: dict[tuple[str, int], Merge] = field(default_factory=dict)
+    survivors: dict[tuple[str, int], tuple[int, Merge]] = field(default_factory=dict)
+    # Lookups answered with these records whatever the catalog says: (source, id) ->
+    # [(kind, id), ...].
+    finds: dict[tuple[str, str], tuple[tuple[str, int], ...]] = field(default_factory=dict)
     missing_every: int | None = None  # demo: ids divisible by this are unknown
     fault: Fault | None = None
     arrivals: list[float] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)  # of each request, never its query
     dripped: int = 0  # bytes of a header drip written before the client hung up
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def is_missing(self, kind: str, tmdb_id: int) -> bool:
         with self.lock:
-            if (kind, tmdb_id) in self.missing:
+            if (kind, tmdb_id) in self.missing or (kind, tmdb_id) in self.merges:
                 return True
             if (kind, tmdb_id) in self.available:
                 return False
@@ -119,6 +190,60 @@ class StandInState:
     def per_second(self) -> Counter[int]:
         with self.lock:
             return Counter(int(t) for t in self.arrivals)
+
+    def merge(self, kind: str, merged: int, merge: Merge) -> None:
+        with self.lock:
+            self.merges[(kind, merged)] = merge
+            self.survivors[(kind, merge.into)] = (merged, merge)
+
+    def clear_merges(self) -> None:
+        with self.lock:
+            self.merges.clear()
+            self.survivors.clear()
+
+    def body(self, kind: str, tmdb_id: int, appended: bool) -> dict[str, Any]:
+        """The record served for an id: a merge's survivor carries the merged record's
+        title, date and (unless the round trip is broken) external ids."""
+        body = record(kind, tmdb_id)
+        ids = external_ids(kind, tmdb_id)
+        with self.lock:
+            survivor = self.survivors.get((kind, tmdb_id))
+        if survivor is not None:
+            merged, merge = survivor
+            title_key, original_key, date_key = _titles(kind)
+            old = record(kind, merged)
+            body[title_key] = merge.title if merge.title is not None else old[title_key]
+            body[original_key] = (
+                merge.original_title if merge.original_title is not None else body[title_key]
+            )
+            released = old[date_key]
+            body[date_key] = f"{merge.year}{released[4:]}" if merge.year else released
+            if merge.round_trip:
+                ids = external_ids(kind, merged)
+        if kind == "movie":
+            body["imdb_id"] = ids["imdb_id"]
+        elif appended:
+            body["external_ids"] = {**ids, "facebook_id": None, "instagram_id": None}
+        return body
+
+    def find(self, source: str, external_id: str) -> dict[str, Any]:
+        """`/3/find`: the record owning the external id, or its merge's survivor (and the
+        merge's extra results), or nothing when the record is gone without a merge."""
+        results: dict[str, list[dict[str, Any]]] = {"movie_results": [], "tv_results": []}
+        owner = owner_of(source, external_id)
+        with self.lock:
+            merge = self.merges.get(owner) if owner is not None else None
+            given = self.finds.get((source, external_id))
+        found: list[tuple[str, int]] = []
+        if given is not None:
+            found = list(given)
+        elif owner is not None and merge is not None:
+            found = [(owner[0], merge.into), *merge.also]
+        elif owner is not None and not self.is_missing(*owner):
+            found = [owner]
+        for k, i in found:
+            results[f"{k}_results"].append(summary(self.body(k, i, False), k))
+        return {**results, "person_results": [], "tv_episode_results": [], "tv_season_results": []}
 
 
 def _set_available(state: StandInState, key: tuple[str, int], available: bool) -> None:
@@ -134,6 +259,9 @@ def _set_available(state: StandInState, key: tuple[str, int], available: bool) -
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes: with Nagle's algorithm a kept-alive
+    # connection would wait out the client's delayed ACK (tens of ms) on every answer.
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:
         return  # request lines carry the API key
@@ -174,13 +302,37 @@ class _Handler(BaseHTTPRequestHandler):
             key = (str(body["kind"]), int(body["id"]))
             _set_available(state, key, bool(body.get("available", True)))
             self._json(200, {"ok": True})
+        elif path == "/__standin/merge":
+            kind = str(body["kind"])
+            also = [
+                (str(a[0]), int(a[1])) if isinstance(a, list) else (kind, int(a))
+                for a in body.get("also") or []
+            ]
+            year = body.get("year")
+            state.merge(
+                kind,
+                int(body["from"]),
+                Merge(
+                    into=int(body["into"]),
+                    title=body.get("title"),
+                    original_title=body.get("original_title"),
+                    year=int(year) if year is not None else None,
+                    round_trip=bool(body.get("round_trip", True)),
+                    also=tuple(also),
+                ),
+            )
+            self._json(200, {"ok": True})
         else:
             self._json(404, NOT_FOUND)
 
     def do_DELETE(self) -> None:
-        if urlsplit(self.path).path == "/__standin/faults":
+        path = urlsplit(self.path).path
+        if path == "/__standin/faults":
             with self.server.state.lock:
                 self.server.state.fault = None
+            self._json(200, {"ok": True})
+        elif path == "/__standin/merge":
+            self.server.state.clear_merges()
             self._json(200, {"ok": True})
         else:
             self._json(404, NOT_FOUND)
@@ -200,23 +352,33 @@ class _Handler(BaseHTTPRequestHandler):
             return
         with state.lock:
             state.arrivals.append(time.time())
+            state.paths.append(url.path)
             fault = state.fault
+        query = parse_qs(url.query)
         parts = url.path.strip("/").split("/")
         kind = parts[1] if len(parts) == 3 and parts[0] == "3" else None
         tmdb_id = int(parts[2]) if kind and parts[2].isascii() and parts[2].isdigit() else None
+        source = query.get("external_source", [""])[0]
+        if kind == "find":  # faults aimed at ids hit the lookups of their external ids
+            owner = owner_of(source, parts[2])
+            tmdb_id = owner[1] if owner is not None else None
         if fault is not None and fault.applies(tmdb_id) and self._fault(fault):
             return
-        key = parse_qs(url.query).get("api_key", [None])[0]
+        key = query.get("api_key", [None])[0]
         if key != state.api_key:
             self._json(401, INVALID_KEY)
             return
         if url.path == "/3/configuration":
             self._json(200, CONFIGURATION)
             return
+        if kind == "find" and source in ("imdb_id", "tvdb_id"):
+            self._json(200, state.find(source, parts[2]))
+            return
         if kind not in ("movie", "tv") or tmdb_id is None or state.is_missing(kind, tmdb_id):
             self._json(404, NOT_FOUND)
             return
-        self._json(200, record(kind, tmdb_id))
+        appended = "external_ids" in query.get("append_to_response", [""])[0].split(",")
+        self._json(200, state.body(kind, tmdb_id, appended))
 
     def _fault(self, fault: Fault) -> bool:
         """Answer with the fault; False when the request should be served normally."""
@@ -350,3 +512,27 @@ class StandIn:
 
     def set_available(self, kind: str, tmdb_id: int, available: bool) -> None:
         _set_available(self.state, (kind, tmdb_id), available)
+
+    def merge(
+        self,
+        kind: str,
+        merged: int,
+        into: int,
+        *,
+        title: str | None = None,
+        original_title: str | None = None,
+        year: int | None = None,
+        round_trip: bool = True,
+        also: tuple[tuple[str, int], ...] = (),
+    ) -> None:
+        """TMDb folds `(kind, merged)` into `into` (see the module docstring)."""
+        self.state.merge(kind, merged, Merge(into, title, original_title, year, round_trip, also))
+
+    def clear_merges(self) -> None:
+        """Every merged record answers again, under its own id."""
+        self.state.clear_merges()
+
+    def set_find(self, source: str, external_id: str, results: tuple[tuple[str, int], ...]) -> None:
+        """Answer the lookup of this external id with these (kind, id) records."""
+        with self.state.lock:
+            self.state.finds[(source, external_id)] = results

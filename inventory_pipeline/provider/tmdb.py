@@ -1,4 +1,5 @@
-"""TMDb API v3 client: `GET /3/movie/{id}` and `/3/tv/{id}` with the API-key flow.
+"""TMDb API v3 client: `GET /3/movie/{id}`, `/3/tv/{id}` (with its external ids) and
+`/3/find/{external_id}` with the API-key flow.
 
 Every outcome becomes an Observation or an allowlisted Failure. The key travels in the
 query string, so nothing here ever formats a request URL, an httpx exception or a
@@ -10,13 +11,26 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import httpx
 
-from inventory_pipeline.provider.models import Failure, FetchResult, ProviderKind
-from inventory_pipeline.provider.parsing import InvalidResponse, parse_body, tmdb_status_code
+from inventory_pipeline.provider.models import (
+    ExternalSource,
+    Failure,
+    FetchResult,
+    FindAnswer,
+    ProviderKind,
+)
+from inventory_pipeline.provider.parsing import (
+    InvalidResponse,
+    external_id_valid,
+    parse_body,
+    parse_find_body,
+    tmdb_status_code,
+)
 from inventory_pipeline.provider.retry_after import MAX_RETRY_AFTER_SECONDS, parse_retry_after
 from inventory_pipeline.provider.transport import DeadlineTransport
 from inventory_pipeline.provider.transport import deadline as request_deadline
@@ -114,6 +128,25 @@ def classify(status: int, raw: bytes, retry_after: int | None) -> Failure:
     return Failure("invalid_response", retry_after, cause)
 
 
+Parsed = TypeVar("Parsed")
+
+
+def answered(
+    answer: tuple[int, bytes, int | None] | Failure, parse: Callable[[bytes], Parsed]
+) -> Parsed | Failure:
+    """A GET's outcome: its transport failure, the category of a status other than 200,
+    or the parsed body (an invalid one is an `invalid_response`)."""
+    if isinstance(answer, Failure):
+        return answer
+    status, raw, retry_after = answer
+    if status != 200:
+        return classify(status, raw, retry_after)
+    try:
+        return parse(raw)
+    except InvalidResponse:
+        return Failure("invalid_response", cause="HTTP 200, invalid body")
+
+
 class TmdbClient:
     """One pooled HTTP client; safe to share between threads. `timeout_seconds` is the
     whole request's wall-clock deadline: connect, TLS, the status line, headers and
@@ -154,11 +187,13 @@ class TmdbClient:
         language: str | None = None,
         limit: int | None = None,
         retry_after_cap_seconds: int = MAX_RETRY_AFTER_SECONDS,
+        query: dict[str, str] | None = None,
     ) -> tuple[int, bytes, int | None] | Failure:
-        """GET a path: (status, decoded body, bounded Retry-After) or a transport Failure."""
+        """GET a path (with `query` besides the key and language): (status, decoded body,
+        bounded Retry-After) or a transport Failure."""
         if not api_key:
             return Failure("configuration", cause="no key")
-        params = {"api_key": api_key}
+        params = {**(query or {}), "api_key": api_key}
         if language:
             params["language"] = language
         deadline = time.monotonic() + self.timeout_seconds
@@ -185,13 +220,23 @@ class TmdbClient:
     def fetch(
         self, kind: ProviderKind, tmdb_id: int, api_key: str | None, language: str | None = None
     ) -> FetchResult:
-        answer = self.get(f"/3/{kind}/{tmdb_id}", api_key, language)
-        if isinstance(answer, Failure):
-            return answer
-        status, raw, retry_after = answer
-        if status != 200:
-            return classify(status, raw, retry_after)
-        try:
-            return parse_body(raw, kind, tmdb_id)
-        except InvalidResponse:
-            return Failure("invalid_response", cause="HTTP 200, invalid body")
+        """A movie or show; a show's external ids come appended to the same request."""
+        query = {"append_to_response": "external_ids"} if kind == "tv" else None
+        answer = self.get(f"/3/{kind}/{tmdb_id}", api_key, language, query=query)
+        return answered(answer, lambda raw: parse_body(raw, kind, tmdb_id))
+
+    def find(
+        self,
+        source: ExternalSource,
+        external_id: str,
+        api_key: str | None,
+        language: str | None = None,
+    ) -> FindAnswer | Failure:
+        """The TMDb records an external id maps to (`/3/find`). Only a well-formed id of
+        its source is ever sent."""
+        if not external_id_valid(source, external_id):
+            return Failure("invalid_response", cause="malformed external id")
+        answer = self.get(
+            f"/3/find/{external_id}", api_key, language, query={"external_source": source}
+        )
+        return answered(answer, parse_find_body)

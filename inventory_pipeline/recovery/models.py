@@ -42,8 +42,17 @@ class ProviderSettings:
 
 
 @dataclass(frozen=True)
+class Replacement:
+    """An operator's approved replacement: the proposal and the TMDb id it names."""
+
+    proposal_id: int
+    tmdb_id: int
+
+
+@dataclass(frozen=True)
 class ItemClaim:
-    """One item under an observation lease, bound to its source snapshot."""
+    """One item under an observation lease, bound to its source snapshot, and the
+    approved replacement of that source it is observed under, if any."""
 
     item_id: int
     provider_kind: ProviderKind
@@ -53,10 +62,14 @@ class ItemClaim:
     open_case: bool
     recovery_category: Category | None
     recovery_attempts: int
+    replacement: Replacement | None = None
 
     @property
     def tmdb_id(self) -> int | None:
-        """The numeric TMDb id, or None when the typed identity names none."""
+        """The TMDb id requested: an approved replacement's, else the one the typed
+        identity names (None when it names none)."""
+        if self.replacement is not None:
+            return self.replacement.tmdb_id
         return tmdb_id_of(self.provider_id)
 
     @property
@@ -92,6 +105,9 @@ class ObservationResult:
     previous_category: Category | None = None
     error: str | None = None
     cause: str | None = None  # the provider's fixed cause label, e.g. "HTTP 5xx"
+    # Observed under an approved replacement for the first time: the case (if open)
+    # resolved as replaced.
+    replacement: Replacement | None = None
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,21 @@ SET api_key = %(api_key)s, active = %(active)s, language = %(language)s, updated
 WHERE provider = 'tmdb';
 
 -- name: due_items
--- Items due for observation, by the one definition the claim uses too
--- (`observation_due`, migration 0017).
-SELECT count(*) AS due
-FROM media_server_items i
-JOIN libraries l ON l.id = i.library_id
-JOIN media_servers m ON m.id = l.server_id
-WHERE observation_due(i, l, m);
+-- Items due for observation, by the definitions the claims use too: `observation_due`
+-- (migration 0017), and approved replacements awaiting their first observation
+-- (`replacement_due`, migration 0018).
+SELECT (SELECT count(*)
+        FROM media_server_items i
+        JOIN libraries l ON l.id = i.library_id
+        JOIN media_servers m ON m.id = l.server_id
+        WHERE observation_due(i, l, m))
+     + (SELECT count(*)
+        FROM replacement_proposals p
+        JOIN media_server_items i ON i.id = p.item_id
+        JOIN libraries l ON l.id = i.library_id
+        JOIN media_servers m ON m.id = l.server_id
+        WHERE p.state = 'approved' AND p.attempted_at IS NULL
+          AND replacement_due(p, i, l, m)) AS due;
 
 -- name: claim_due
 -- docs/provider-recovery.md#claim-and-lease.
@@ -27,12 +35,15 @@ WHERE observation_due(i, l, m);
 -- library test is a lateral step per item (its own locking clause keeps it from being
 -- joined first), so no estimate of the small libraries table (which autovacuum may
 -- never analyze) can turn the claim into reading and sorting every due item.
--- Returns the source snapshot the completion is bound to.
+-- Returns the source snapshot the completion is bound to, and the approved replacement
+-- the item is observed under instead of its own id (`approved_replacement`, migration
+-- 0018; docs/identity-revalidation.md#replacement), read under the item's lock, so of
+-- that same source generation.
 -- Due means `observation_due` (migration 0017), the count's own definition. Inlined,
 -- its item terms stay on the walk of the due index and its library terms filter the
 -- lateral library step.
 WITH due AS (
-    SELECT i.id
+    SELECT i.id, i.source_generation
     FROM media_server_items i
     CROSS JOIN LATERAL (
         SELECT l, m
@@ -50,15 +61,51 @@ UPDATE media_server_items i
 SET observation_lease_token = gen_random_uuid(),
     observation_lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
 FROM due
+LEFT JOIN LATERAL approved_replacement(due.id, due.source_generation) AS r ON true
 WHERE i.id = due.id
 RETURNING i.id, i.provider_kind, i.provider_id, i.source_generation, i.observation_lease_token,
-          i.recovery_case_id, i.recovery_category, i.recovery_attempts, i.recovery_resolved_at;
+          i.recovery_case_id, i.recovery_category, i.recovery_attempts, i.recovery_resolved_at,
+          r.proposal_id, r.tmdb_id AS replacement_tmdb_id;
+
+-- name: claim_replacements
+-- docs/identity-revalidation.md#replacement.
+-- The first observation after an operator's approval comes at once, not after the
+-- item's backoff: approved replacements awaiting it (`replacement_due`, migration 0018),
+-- oldest decision first, each item claimed like `claim_due` (library key share first,
+-- SKIP LOCKED, a fresh UUID and lease) under the approved candidate's id.
+WITH due AS (
+    SELECT i.id, p.id AS proposal_id, p.candidate_tmdb_id
+    FROM replacement_proposals p
+    JOIN media_server_items i ON i.id = p.item_id
+    CROSS JOIN LATERAL (
+        SELECT l, m
+        FROM libraries l
+        JOIN media_servers m ON m.id = l.server_id
+        WHERE l.id = i.library_id
+        FOR KEY SHARE OF l SKIP LOCKED
+    ) AS library
+    WHERE p.state = 'approved' AND p.attempted_at IS NULL
+      AND replacement_due(p, i, library.l, library.m)
+    ORDER BY p.decided_at, p.id
+    LIMIT %(limit)s
+    FOR UPDATE OF i SKIP LOCKED
+)
+UPDATE media_server_items i
+SET observation_lease_token = gen_random_uuid(),
+    observation_lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+FROM due
+WHERE i.id = due.id
+RETURNING i.id, i.provider_kind, i.provider_id, i.source_generation, i.observation_lease_token,
+          i.recovery_case_id, i.recovery_category, i.recovery_attempts, i.recovery_resolved_at,
+          due.proposal_id, due.candidate_tmdb_id AS replacement_tmdb_id;
 
 -- name: complete_observed
 -- docs/provider-recovery.md#completion-fence.
 -- One guarded statement saves the validated observation, resolves an open
 -- case, sets the recheck deadline, releases the lease and counts the attempt. Only the
--- current lease token and source generation match. The observed original language
+-- current lease token and source generation match. An observation under an approved
+-- replacement also records it as attempted and as replaced (the case resolves as
+-- replaced, docs/identity-revalidation.md#replacement). The observed original language
 -- flows into the profile projection through the ordinary change capture, which locks
 -- the library's inventory state: so the library is locked first (key share; lock order
 -- library -> item -> state), waiting for a deletion in flight, after which nothing
@@ -76,6 +123,15 @@ before AS (
       AND observation_lease_token = %(lease_token)s
       AND source_generation = %(source_generation)s
       AND EXISTS (SELECT FROM library)
+      -- Nothing is applied without approval: an observation of another id than the
+      -- item's own is saved only under an approved proposal of this source naming it.
+      AND (tmdb_id_of(provider_id) = %(tmdb_id)s
+           OR EXISTS (
+               SELECT FROM replacement_proposals p
+               WHERE p.item_id = %(item_id)s
+                 AND p.source_generation = %(source_generation)s
+                 AND p.state = 'approved'
+                 AND p.candidate_tmdb_id = %(tmdb_id)s))
     FOR UPDATE
 ),
 item AS (
@@ -98,10 +154,11 @@ item AS (
 saved AS (
     INSERT INTO provider_observations AS o (
         item_id, source_generation, provider_kind, tmdb_id, title, genres, vote_average,
-        vote_count, original_language, companies, release_date, status, observed_at)
+        vote_count, original_language, companies, release_date, status, observed_at,
+        imdb_id, tvdb_id)
     SELECT item.id, item.source_generation, %(provider_kind)s, %(tmdb_id)s, %(title)s,
            %(genres)s, %(vote_average)s, %(vote_count)s, %(original_language)s,
-           %(companies)s, %(release_date)s, %(status)s, now()
+           %(companies)s, %(release_date)s, %(status)s, now(), %(imdb_id)s, %(tvdb_id)s
     FROM item
     ON CONFLICT (item_id) DO UPDATE
     SET source_generation = EXCLUDED.source_generation,
@@ -115,15 +172,29 @@ saved AS (
         companies = EXCLUDED.companies,
         release_date = EXCLUDED.release_date,
         status = EXCLUDED.status,
-        observed_at = EXCLUDED.observed_at
+        observed_at = EXCLUDED.observed_at,
+        imdb_id = EXCLUDED.imdb_id,
+        tvdb_id = EXCLUDED.tvdb_id
     RETURNING o.item_id
+),
+replacement AS (
+    UPDATE replacement_proposals p
+    SET attempted_at = COALESCE(p.attempted_at, now()),
+        replaced_at = COALESCE(p.replaced_at, now())
+    FROM item
+    WHERE p.id = %(proposal_id)s::bigint
+      AND p.item_id = item.id
+      AND p.source_generation = item.source_generation
+      AND p.state = 'approved'
+    RETURNING p.id
 )
 SELECT item.id, item.observation_due_at,
        before.recovery_case_id AS case_id,
        before.recovery_case_id IS NOT NULL AND before.recovery_resolved_at IS NULL AS resolved,
        before.recovery_category AS previous_category,
        before.recovery_attempts AS attempts,
-       (SELECT count(*) FROM saved) AS saved
+       (SELECT count(*) FROM saved) AS saved,
+       (SELECT count(*) FROM replacement) > 0 AS replaced
 FROM item, before;
 
 -- name: complete_failed
@@ -131,6 +202,10 @@ FROM item, before;
 -- One guarded statement records the failure on the item's one recovery
 -- record: a new case (fresh opaque id) when none is open, else the same case with its
 -- attempts counted and its cause updated; the retry deadline; lease release; counters.
+-- An attempt under an approved replacement records it as attempted. A not_found case
+-- of two or more failures whose source was once observed with external ids is queued
+-- for revalidation (docs/identity-revalidation.md#eligibility): at once when new, again
+-- after each further failure unless it is proposed already or waits out a fault.
 WITH before AS (
     SELECT id, recovery_case_id, recovery_resolved_at, recovery_category
     FROM media_server_items
@@ -164,11 +239,39 @@ item AS (
     FROM before
     WHERE i.id = before.id
     RETURNING i.id, i.recovery_case_id, i.recovery_attempts, i.observation_due_at
+),
+replacement AS (
+    UPDATE replacement_proposals p
+    SET attempted_at = COALESCE(p.attempted_at, now())
+    FROM item
+    WHERE p.id = %(proposal_id)s::bigint
+      AND p.item_id = item.id
+      AND p.source_generation = %(source_generation)s
+      AND p.state = 'approved'
+    RETURNING p.id
+),
+revalidation AS (
+    INSERT INTO identity_revalidations AS r (case_id, item_id, source_generation)
+    SELECT item.recovery_case_id, item.id, %(source_generation)s
+    FROM item
+    WHERE %(category)s = 'not_found'
+      AND item.recovery_attempts >= 2
+      AND EXISTS (
+          SELECT FROM provider_observations o
+          WHERE o.item_id = item.id
+            AND o.source_generation = %(source_generation)s
+            AND (o.imdb_id IS NOT NULL OR o.tvdb_id IS NOT NULL))
+    ON CONFLICT (case_id) DO UPDATE
+    SET due_at = now()
+    WHERE r.outcome IS DISTINCT FROM 'proposed' AND r.faults = 0
+      AND (r.due_at IS NULL OR r.due_at > now())
+    RETURNING r.case_id
 )
 SELECT item.id, item.recovery_case_id AS case_id, item.recovery_attempts AS attempts,
        item.observation_due_at,
        before.recovery_case_id IS NULL OR before.recovery_resolved_at IS NOT NULL AS opened,
-       before.recovery_category AS previous_category
+       before.recovery_category AS previous_category,
+       (SELECT count(*) FROM revalidation) > 0 AS revalidation_queued
 FROM item, before;
 
 -- name: release_claim

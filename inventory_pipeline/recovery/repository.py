@@ -7,7 +7,13 @@ from typing import Any
 from inventory_pipeline.db import Connection, Row, execute, fetch_all, fetch_one
 from inventory_pipeline.db.queries import load_queries
 from inventory_pipeline.provider.models import Observation
-from inventory_pipeline.recovery.models import CaseAge, ItemClaim, OverdueCase, ProviderSettings
+from inventory_pipeline.recovery.models import (
+    CaseAge,
+    ItemClaim,
+    OverdueCase,
+    ProviderSettings,
+    Replacement,
+)
 
 QUERIES = load_queries("inventory_pipeline.recovery")
 
@@ -32,8 +38,7 @@ def due_items(conn: Connection) -> int:
     return 0 if row is None else int(row["due"])
 
 
-def claim_due(conn: Connection, limit: int, lease_seconds: int) -> list[ItemClaim]:
-    rows = fetch_all(conn, QUERIES["claim_due"], {"limit": limit, "lease_seconds": lease_seconds})
+def _claims(rows: list[Row]) -> list[ItemClaim]:
     return [
         ItemClaim(
             item_id=r["id"],
@@ -44,9 +49,22 @@ def claim_due(conn: Connection, limit: int, lease_seconds: int) -> list[ItemClai
             open_case=r["recovery_case_id"] is not None and r["recovery_resolved_at"] is None,
             recovery_category=r["recovery_category"],
             recovery_attempts=r["recovery_attempts"],
+            replacement=None
+            if r["proposal_id"] is None
+            else Replacement(r["proposal_id"], r["replacement_tmdb_id"]),
         )
         for r in sorted(rows, key=lambda r: r["id"])
     ]
+
+
+def claim_due(conn: Connection, limit: int, lease_seconds: int) -> list[ItemClaim]:
+    params = {"limit": limit, "lease_seconds": lease_seconds}
+    return _claims(fetch_all(conn, QUERIES["claim_due"], params))
+
+
+def claim_replacements(conn: Connection, limit: int, lease_seconds: int) -> list[ItemClaim]:
+    params = {"limit": limit, "lease_seconds": lease_seconds}
+    return _claims(fetch_all(conn, QUERIES["claim_replacements"], params))
 
 
 def _guard(claim: ItemClaim) -> dict[str, Any]:
@@ -54,6 +72,7 @@ def _guard(claim: ItemClaim) -> dict[str, Any]:
         "item_id": claim.item_id,
         "lease_token": claim.lease_token,
         "source_generation": claim.source_generation,
+        "proposal_id": None if claim.replacement is None else claim.replacement.proposal_id,
     }
 
 
@@ -76,6 +95,8 @@ def complete_observed(
             "companies": list(observation.companies),
             "release_date": observation.release_date,
             "status": observation.status,
+            "imdb_id": observation.imdb_id,
+            "tvdb_id": observation.tvdb_id,
         },
     )
 

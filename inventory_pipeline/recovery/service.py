@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import replace
-from typing import Literal
+from typing import Literal, TypeVar
 
 from inventory_pipeline.db import Connection, DatabaseUnavailable, connect
 from inventory_pipeline.provider import admission
@@ -36,6 +36,7 @@ from inventory_pipeline.settings import TmdbSettings
 LEASE_SECONDS = 300  # a five-minute attempt lease (docs/provider-recovery.md#claim-and-lease)
 OBSERVER = "inventory_pipeline.observer"  # application_name of a run's sessions
 Level = Literal["warning", "info"]
+Answer = TypeVar("Answer")
 
 
 def due_items(conn: Connection) -> int:
@@ -51,7 +52,12 @@ def save_provider_settings(conn: Connection, settings: ProviderSettings) -> None
 
 
 def claim(conn: Connection, limit: int, lease_seconds: int = LEASE_SECONDS) -> list[ItemClaim]:
-    return repository.claim_due(conn, limit, lease_seconds)
+    """Up to `limit` items: approved replacements awaiting their first observation first
+    (docs/identity-revalidation.md#replacement), then items due by their clocks."""
+    claims = repository.claim_replacements(conn, limit, lease_seconds)
+    if len(claims) < limit:
+        claims += repository.claim_due(conn, limit - len(claims), lease_seconds)
+    return claims
 
 
 def admission_paused_seconds(conn: Connection) -> float:
@@ -62,7 +68,8 @@ def admission_paused_seconds(conn: Connection) -> float:
 def fetch(
     conn: Connection, claim: ItemClaim, client: TmdbClient, settings: ProviderSettings
 ) -> FetchResult | Deferred:
-    """Provider I/O for one claim: admission first, no transaction or lock held. An
+    """Provider I/O for one claim: admission first, no transaction or lock held. The id
+    requested is the claim's approved replacement, else its own typed identity. An
     identity that names no TMDb record is a missing identity and is never sent. A
     throttling answer pauses admission for every process; a claim admission refuses
     comes back Deferred, unsent."""
@@ -72,13 +79,22 @@ def fetch(
     key = settings.usable_key
     if key is None:
         return Failure("configuration", cause="no active key")
+    return admitted(
+        conn, lambda: client.fetch(claim.provider_kind, tmdb_id, key, settings.language)
+    )
+
+
+def admitted(conn: Connection, send: Callable[[], Answer]) -> Answer | Deferred:
+    """One request through the shared admission limiter, with no transaction or lock
+    held: Deferred (unsent) while admission is paused or has no slot in time; a
+    throttling answer pauses admission for every process."""
     try:
         admission.acquire(conn)
     except admission.AdmissionPaused as paused:
         return Deferred(paused.seconds)
     except admission.AdmissionTimeout:
         return Deferred(0.0)
-    result = client.fetch(claim.provider_kind, tmdb_id, key, settings.language)
+    result = send()
     if isinstance(result, Failure) and result.category == "throttled":
         admission.pause(conn, result.retry_after_seconds)
     return result
@@ -108,6 +124,7 @@ def complete(
             attempts=row["attempts"] if row["resolved"] else 0,
             next_attempt_at=row["observation_due_at"],
             previous_category=row["previous_category"] if row["resolved"] else None,
+            replacement=claim.replacement if row["replaced"] else None,
         )
     delay = policy.delay(result.category, claim.next_attempt, result.retry_after_seconds, rng)
     row = repository.complete_failed(conn, claim, result.category, delay)
@@ -287,10 +304,16 @@ def notice(result: ObservationResult) -> tuple[Level, str] | None:
             f"attempts; next attempt {due}",
         )
     if result.transition == "resolved":
+        replaced = (
+            f"; replaced by TMDb {result.replacement.tmdb_id} "
+            f"(proposal {result.replacement.proposal_id})"
+            if result.replacement
+            else ""
+        )
         return (
             "info",
             f"item {result.item_id}: recovery case {case} resolved ({result.previous_category}, "
-            f"{result.attempts} failed attempts)",
+            f"{result.attempts} failed attempts){replaced}",
         )
     return None
 

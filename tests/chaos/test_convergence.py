@@ -63,6 +63,7 @@ def test_bounded_chaos_run_converges(chaos_server: Server) -> None:
     assert report.audit["stats_batched_publications"] > 0 and report.squeezes >= 1
     assert report.operations["save_large"] > 0 and report.operations["rebuild_everyone"] > 0
     assert report.audit["wakeup_batches"] >= 2 and report.audit["verifications"] > 0
+    assert report.merges["corroborated"] > 0  # checked by chaos.replacements.checks
     if daemon:
         assert report.audit["profile_acks_by_dagster"] > 0
     assert not report.divergences, "\n".join(report.lines())

@@ -30,6 +30,7 @@ ASSETS = [
     "library_profile",
     "pr_overview",
     "provider_observations",
+    "replacement_proposals",
     "tmdb_credential",
     "user_exercise_stats",
     "user_training_period_stats",
@@ -41,9 +42,11 @@ CHECKS = [
 ]
 JOBS = [
     "credential_wakeup",
+    "identity_revalidation",
     "library_profile_refresh",
     "profile_request_compaction",
     "provider_observation",
+    "replacement_decision",
     "stats_backfill_scan",
     "stats_drain",
     "stats_rebuild",
@@ -53,6 +56,7 @@ JOBS = [
 ]
 SENSORS = [
     "credential_wakeup_sensor",
+    "identity_revalidation_sensor",
     "library_profile_sensor",
     "library_profile_staleness_sensor",
     "provider_observation_sensor",

@@ -53,6 +53,9 @@ def test_the_table_covers_every_command() -> None:
         "stats resume",
         "stats retry",
         "stats drain",
+        "proposals list",
+        "proposals approve",
+        "proposals reject",
     }
     for path, parser in leaves(cli._parser()):
         assert callable(parser.get_default("func")), path
