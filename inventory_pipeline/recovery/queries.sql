@@ -205,7 +205,9 @@ FROM item, before;
 -- An attempt under an approved replacement records it as attempted. A not_found case
 -- of two or more failures whose source was once observed with external ids is queued
 -- for revalidation (docs/identity-revalidation.md#eligibility): at once when new, again
--- after each further failure unless it is proposed already or waits out a fault.
+-- after each further failure when its record was set aside (a check concluded, or the
+-- case was not eligible when walked, whatever faults came before), never while it is
+-- proposed, due or waiting out a fault.
 WITH before AS (
     SELECT id, recovery_case_id, recovery_resolved_at, recovery_category
     FROM media_server_items
@@ -263,8 +265,7 @@ revalidation AS (
             AND (o.imdb_id IS NOT NULL OR o.tvdb_id IS NOT NULL))
     ON CONFLICT (case_id) DO UPDATE
     SET due_at = now()
-    WHERE r.outcome IS DISTINCT FROM 'proposed' AND r.faults = 0
-      AND (r.due_at IS NULL OR r.due_at > now())
+    WHERE r.outcome IS DISTINCT FROM 'proposed' AND r.due_at IS NULL
     RETURNING r.case_id
 )
 SELECT item.id, item.recovery_case_id AS case_id, item.recovery_attempts AS attempts,

@@ -300,14 +300,17 @@ ORDER BY r.last_fault;
 
 -- name: lock_proposal_items
 -- docs/identity-revalidation.md#decisions.
--- A decision first locks the chosen proposals' items (share, in id order): a source
--- change in flight is waited for, and none can commit before the decision does. The
--- next statement of the transaction then reads the items as they are.
+-- A decision first locks the chosen proposals' items (share), all or none: NOWAIT, so a
+-- decision never waits on one item while holding another, and so never joins a
+-- deadlock with a program writing several items in an order of its own (the caller
+-- retries the whole statement until the writer commits). Once taken, no source change
+-- can commit before the decision does, and the next statement reads the items as they
+-- are.
 SELECT i.id
 FROM media_server_items i
 WHERE i.id IN (SELECT p.item_id FROM replacement_proposals p WHERE p.id = ANY (%(ids)s))
 ORDER BY i.id
-FOR SHARE OF i;
+FOR SHARE OF i NOWAIT;
 
 -- name: chosen_proposals
 -- The chosen proposals, locked, with their state as it stands.

@@ -11,10 +11,17 @@ transaction that locks the items before the proposals. Nothing here writes an it
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from inventory_pipeline.db import Connection, DatabaseUnavailable, connect, transaction
+from inventory_pipeline.db import (
+    Connection,
+    DatabaseUnavailable,
+    LockNotAvailable,
+    connect,
+    transaction,
+)
 from inventory_pipeline.provider import admission
 from inventory_pipeline.provider.models import Failure, FindAnswer
 from inventory_pipeline.provider.tmdb import TmdbClient
@@ -43,6 +50,8 @@ SWEEP_LIMIT = 1000
 RETENTION_DAYS = 30  # superseded (and moot rejected) proposals are kept this long
 MAX_DECISIONS = 1000  # proposals one decision may name
 MAX_DECIDED_BY = 64
+DECISION_LOCK_SECONDS = 5.0  # how long a decision retries items another program writes
+DECISION_LOCK_RETRY_SECONDS = 0.05
 LIVE: tuple[ProposalState, ...] = ("proposed", "approved")
 
 
@@ -308,13 +317,17 @@ def decide(
     approve: Sequence[int] = (),
     reject: Sequence[int] = (),
     decided_by: str = "",
+    lock_seconds: float = DECISION_LOCK_SECONDS,
 ) -> list[Decision]:
     """Approve and reject proposals in one transaction, all or nothing: every id must
     name a proposal that still stands as proposed, else ProposalRefused names the first
     that does not and nothing is decided. The items are locked (share) before the
-    proposals, so a source change in flight is waited for and seen: it supersedes a
-    proposal before the decision, or after it (docs/identity-revalidation.md#decisions).
-    An approval writes the proposal only: never the item."""
+    proposals, all at once or not at all, so a source change in flight is waited for
+    (up to `lock_seconds`, then refused in one line) and seen: it supersedes a proposal
+    before the decision, or after it; and a decision never holds one item while waiting
+    for another, so it never deadlocks another program's write
+    (docs/identity-revalidation.md#decisions). An approval writes the proposal only:
+    never the item."""
     name = checked_decided_by(decided_by)
     chosen = [*approve, *reject]
     if not chosen:
@@ -327,6 +340,24 @@ def decide(
     if len(set(chosen)) != len(chosen):
         twice = next(p for p in chosen if chosen.count(p) > 1)
         raise ProposalRefused(f"proposal {twice} is named twice")
+    deadline = time.monotonic() + lock_seconds
+    while True:
+        try:
+            return _decide(conn, approve, reject, name)
+        except LockNotAvailable:
+            if time.monotonic() >= deadline:
+                raise ProposalRefused(
+                    "another transaction is writing the items of these proposals; "
+                    "nothing decided, try again"
+                ) from None
+            time.sleep(DECISION_LOCK_RETRY_SECONDS)
+
+
+def _decide(
+    conn: Connection, approve: Sequence[int], reject: Sequence[int], name: str
+) -> list[Decision]:
+    """One attempt of `decide`: LockNotAvailable when an item is locked by a writer."""
+    chosen = [*approve, *reject]
     with transaction(conn):
         repository.lock_proposal_items(conn, chosen)
         states = repository.chosen_proposals(conn, chosen)

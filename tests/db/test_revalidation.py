@@ -473,10 +473,88 @@ def test_records_of_ended_cases_are_forgotten(
     execute(conn, "UPDATE media_server_items SET title = 'Heat 2' WHERE id = %s", (moved,))
     execute(conn, "DELETE FROM media_server_items WHERE id = %s", (deleted,))
     assert service.due_revalidations(conn) == 0
+    # The deleted item's record went with it; the moved one is walked and forgotten.
     claims, walked = service.claim(conn, 10, per_hour=60)
-    assert (claims, walked) == ([], 2)  # both walked and forgotten, no budget spent
+    assert (claims, walked) == ([], 1)  # no budget spent
     assert fetch_all(conn, "SELECT * FROM identity_revalidations") == []
     assert service.budget_left(conn, 60) == 60
+
+
+@pytest.mark.parametrize("removal", ["delete", "truncate", "library"])
+def test_a_deleted_items_replacement_never_reaches_an_item_reusing_its_id(
+    conn: Connection,
+    db_url: str,
+    movies: int,
+    client: TmdbClient,
+    standin: StandIn,
+    removal: str,
+) -> None:
+    """Another program deletes an item with an approved, observed replacement (a row,
+    a TRUNCATE, its library) and inserts another film under the same id, at the same
+    source generation: the new item is observed under its own TMDb id, nothing is
+    published for it, and the old proposal stands superseded."""
+    other = f.library(conn, name="Films")
+    item = rc.merged(conn, client, standin, movies, 603, 9603)
+    rejected = rc.merged(conn, client, standin, movies, 604, 9604)
+    results = rc.revalidate(conn, client).results
+    approve, reject = (r.proposal_id for r in sorted(results, key=lambda r: r.item_id))
+    assert approve is not None and reject is not None
+    service.decide(conn, approve=[approve], reject=[reject], decided_by="alice")
+    rc.observe(conn, client)
+    assert [r["item_id"] for r in service.replacements(conn)] == [item]
+    generation = rc.case(conn, item)["source_generation"]
+    rights = "SELECT, INSERT, UPDATE, DELETE, TRUNCATE"
+    with writer_role(db_url, items=rights, libraries="SELECT, DELETE") as role:
+        with acting_as(conn, role):
+            if removal == "delete":
+                gone = [item, rejected]
+                execute(conn, "DELETE FROM media_server_items WHERE id = ANY (%s)", (gone,))
+            elif removal == "truncate":
+                execute(conn, "TRUNCATE media_server_items")
+            else:
+                execute(conn, "DELETE FROM libraries WHERE id = %s", (movies,))
+            for reused, tmdb_id in ((item, 348), (rejected, 349)):
+                execute(
+                    conn,
+                    "INSERT INTO media_server_items (id, library_id, title, year, provider,"
+                    " provider_kind, provider_id)"
+                    " VALUES (%s, %s, 'Alien', 1979, 'tmdb', 'movie', %s)",
+                    (reused, other, str(tmdb_id)),
+                )
+    assert rc.case(conn, item)["source_generation"] == generation  # the old (id, generation)
+    assert service.replacements(conn) == []
+    assert service.proposals(conn, ("proposed", "approved", "rejected")) == []
+    assert {p["state"] for p in rc.proposals(conn)} == {"superseded"}
+    assert fetch_all(conn, "SELECT * FROM identity_revalidations") == []
+    start = len(rc.requested(standin))
+    rc.observe(conn, client)
+    assert sorted(rc.requested(standin, start)) == ["/3/movie/348", "/3/movie/349"]
+
+
+def test_a_case_set_aside_after_a_fault_is_queued_again_by_its_next_failure(
+    conn: Connection, movies: int, client: TmdbClient, standin: StandIn
+) -> None:
+    """A check faults; when its wait is over the case is not eligible (its library is
+    off) and the record is set aside with the fault on it. The case's next not_found
+    failure, the library on again, queues it again and the check proposes."""
+    item = rc.merged(conn, client, standin, movies, 603, 9603)
+    standin.set_fault("status", ids=[603], status=503)
+    [faulted] = rc.revalidate(conn, client).results
+    standin.clear_fault()
+    assert (faulted.outcome, faulted.category) == ("fault", "transient")
+    execute(conn, "UPDATE libraries SET active = false WHERE id = %s", (movies,))
+    # The test clock: the fault's wait is over.
+    execute(conn, "UPDATE identity_revalidations SET due_at = now() WHERE item_id = %s", (item,))
+    assert rc.revalidate(conn, client).results == ()
+    record = rc.revalidation(conn, item)
+    assert record is not None and record["due_at"] is None and record["faults"] == 1
+    execute(conn, "UPDATE libraries SET active = true WHERE id = %s", (movies,))
+    rc.make_due(conn, item)
+    [failed] = rc.observe(conn, client)
+    assert (failed.outcome, failed.category) == ("failed", "not_found")
+    assert service.due_revalidations(conn) == 1
+    [again] = rc.revalidate(conn, client).results
+    assert again.outcome == "proposed"
 
 
 def test_the_claim_walks_the_due_index_and_costs_the_same_per_case(conn: Connection) -> None:

@@ -165,11 +165,64 @@ def test_an_approval_waits_for_a_source_change_in_flight_and_is_refused(
             thread, out = in_thread(
                 lambda: service.decide(operator, approve=[proposal], decided_by="alice")
             )
-            wait_until_blocked(conn, "approving")
+            time.sleep(0.5)
+            assert thread.is_alive()  # retrying the item's lock until the writer commits
         thread.join(timeout=10)
     [refused] = out
     assert isinstance(refused, ProposalRefused) and "superseded" in str(refused)
     assert rc.proposals(conn)[0]["decided_at"] is None
+
+
+def two_proposals(
+    conn: Connection, movies: int, client: TmdbClient, standin: StandIn
+) -> tuple[int, int, list[int]]:
+    first = rc.merged(conn, client, standin, movies, 603, 9603, title="Heat", year=1995)
+    second = rc.merged(conn, client, standin, movies, 604, 9604, title="Ronin", year=1998)
+    ids = [r.proposal_id for r in rc.revalidate(conn, client).results]
+    assert len(ids) == 2 and None not in ids
+    return first, second, ids  # type: ignore[return-value]
+
+
+def test_a_decision_never_deadlocks_a_program_writing_its_items_in_another_order(
+    conn: Connection, db_url: str, movies: int, client: TmdbClient, standin: StandIn
+) -> None:
+    """A program holds the later item and then writes the earlier one while a decision
+    names both: the decision never holds one item waiting for the other, so the
+    program's transaction commits (were there a deadlock, its short deadlock_timeout
+    would make it the victim) and the decision, retrying, sees both sources changed."""
+    first, second, ids = two_proposals(conn, movies, client, standin)
+    with connect(db_url) as operator, connect(db_url) as writer:
+        execute(writer, "SET deadlock_timeout = '10ms'")
+        with writer.transaction():
+            execute(writer, RETITLE, ("Ronin 2", second))
+            thread, out = in_thread(
+                lambda: service.decide(operator, approve=ids, decided_by="alice")
+            )
+            time.sleep(0.5)
+            execute(writer, RETITLE, ("Heat 2", first))
+        thread.join(timeout=10)
+    [refused] = out
+    assert isinstance(refused, ProposalRefused) and "superseded" in str(refused)
+    titles = fetch_all(conn, "SELECT title FROM media_server_items ORDER BY id")
+    assert [t["title"] for t in titles] == ["Heat 2", "Ronin 2"]
+    assert all(p["decided_at"] is None for p in rc.proposals(conn))
+
+
+def test_a_decision_refuses_in_one_line_while_a_writer_holds_an_item(
+    conn: Connection, db_url: str, movies: int, client: TmdbClient, standin: StandIn
+) -> None:
+    """A writer holding an item past the decision's wait: the decision is refused in
+    one line, nothing is decided, the writer commits, and the next decision goes
+    through."""
+    _, second, ids = two_proposals(conn, movies, client, standin)
+    with connect(db_url) as writer, writer.transaction():
+        execute(writer, "SELECT 1 FROM media_server_items WHERE id = %s FOR UPDATE", (second,))
+        with pytest.raises(ProposalRefused, match="another transaction is writing") as refused:
+            service.decide(conn, approve=ids, decided_by="alice", lock_seconds=0.2)
+        assert "\n" not in str(refused.value)
+    assert all(p["decided_at"] is None for p in rc.proposals(conn))
+    decided = service.decide(conn, approve=ids, decided_by="alice")
+    assert {d.state for d in decided} == {"approved"}
 
 
 def test_a_source_change_waiting_on_an_approval_drops_the_override(
