@@ -17,7 +17,8 @@ The CPU figures read /proc: the server's share is only the bench's own on the em
 server (the default); on a shared server it counts every session's backends.
 
 `python -m bench.scale_burst [--smoke | --scale] [--sizes N ...] [--reps N] [--window S]
-[--cost N]` runs it alone.
+[--items N] [--cost N]` runs it alone (`--items 100`: 100 items in every library, 10M
+items at 100k).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ SELECT l, 'Title ' || g, (mod(g * 7 + l, 100)) / 10.0,
        'tmdb', 'movie', (l::bigint * 1000 + g)::text,
        now(), 1, now() + interval '30 days'
 FROM generate_series(%(first)s::int, %(last)s::int) l,
-     LATERAL generate_series(1, 10 + mod(l * 37, 91)) g
+     LATERAL generate_series(1, COALESCE(%(items)s::int, 10 + mod(l * 37, 91))) g
 """
 ACKNOWLEDGE_ALL = """
 UPDATE library_inventory_state
@@ -88,12 +89,14 @@ GROUP BY 1
 """
 
 
-def load(url: str, libraries: int) -> None:
+def load(url: str, libraries: int, items: int | None = None) -> None:
+    """`libraries` of 10-100 items (55 on average), or of `items` each."""
     with connect(url) as conn:
         execute(conn, LOAD.replace("%(libraries)s", str(int(libraries))))
         step = 5000
         for first in range(1, libraries + 1, step):
-            execute(conn, ITEMS, {"first": first, "last": min(libraries, first + step - 1)})
+            last = min(libraries, first + step - 1)
+            execute(conn, ITEMS, {"first": first, "last": last, "items": items})
         execute(conn, ACKNOWLEDGE_ALL)
         execute(conn, "VACUUM ANALYZE")
 
@@ -129,14 +132,18 @@ def window_rate(samples: list[tuple[float, int]]) -> float:
 
 
 def burst(
-    admin_url: str, libraries: int, limit: float, window: float | None = None
+    admin_url: str,
+    libraries: int,
+    limit: float,
+    window: float | None = None,
+    items: int | None = None,
 ) -> dict[str, Any]:
     """One burst: the drain's progress samples and Dagster's account of it. With a
     `window`, the drain is followed for that many seconds only (the rates are then
     over the window, and `seconds` is None)."""
     with scratch_database(admin_url) as url:
         started = time.monotonic()
-        load(url, libraries)
+        load(url, libraries, items)
         loaded = time.monotonic() - started
         with daemon(admin_url, url, {}) as storage_url, connect(url) as conn:
             wait_for_partitions(storage_url, libraries, limit=max(600.0, libraries / 50))
@@ -450,6 +457,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=1, help="repetitions with --sizes")
     parser.add_argument("--cost", type=int, help="CPU per library over this many libraries")
     parser.add_argument("--window", type=float, help="follow each drain this many seconds")
+    parser.add_argument("--items", type=int, help="items per library (default: 10-100)")
     args = parser.parse_args()
     mode = Mode(size=Size.SMOKE if args.smoke else Size.SCALE if args.scale else Size.DEFAULT)
     with server_url() as admin_url:
@@ -461,7 +469,11 @@ def main() -> int:
             for libraries in args.sizes:
                 for _ in range(args.reps):
                     r = burst(
-                        admin_url, libraries, limit=max(600.0, libraries / 5), window=args.window
+                        admin_url,
+                        libraries,
+                        limit=max(600.0, libraries / 5),
+                        window=args.window,
+                        items=args.items,
                     )
                     r.pop("samples")
                     print(r, flush=True)
