@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from bench import stats as stats_bench
-from bench.common import Figure, plot, scratch_database, server_url
+from bench.common import Figure, as_autovacuum, plot, scratch_database, server_url
 from bench.orchestration import daemon
 from inventory_pipeline.db import Connection, connect, execute, fetch_one, jsonb
 from inventory_pipeline.stats import processors
@@ -133,10 +133,10 @@ def load_population(url: str, users: int) -> date:
         }
         for statement in POPULATION.split(";\n"):
             execute(conn, statement, params)
-        execute(conn, "ANALYZE")
+        as_autovacuum(conn)
     _build_windows(url, today)
     with connect(url) as conn:
-        execute(conn, "VACUUM ANALYZE")
+        as_autovacuum(conn, vacuum=True)
         row = fetch_one(
             conn,
             "SELECT count(*) AS n FROM user_pr_overview_rollover_state WHERE window_end = %s",
@@ -280,7 +280,7 @@ def rebuild(admin_url: str, users: int, workers: int = 2) -> Rebuild:
     with scratch_database(admin_url) as url:
         with connect(url) as conn:
             stats_bench.request_rebuild_of(conn, users, workers)
-            execute(conn, "VACUUM ANALYZE")
+            as_autovacuum(conn, vacuum=True)
         done: list[int] = []
         server_cpu: list[float] = []
         lock = threading.Lock()

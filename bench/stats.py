@@ -13,7 +13,7 @@ import time
 import uuid
 from datetime import date, timedelta
 
-from bench.common import Figure, over_runs, scratch_database
+from bench.common import Figure, as_autovacuum, over_runs, scratch_database
 from inventory_pipeline.db import (
     Connection,
     connect,
@@ -94,7 +94,7 @@ def rebuild(admin_url: str, users: int, workers: int) -> float:
     with scratch_database(admin_url) as url:
         with connect(url) as conn:
             request_rebuild_of(conn, users, workers)
-            execute(conn, "ANALYZE")
+            as_autovacuum(conn)
         done: list[int] = []
         lock = threading.Lock()
 

@@ -212,7 +212,7 @@ def fetch_one(conn: Connection, query: str, params: Params = None) -> Row | None
 def fetch_one_armed(
     conn: Connection,
     arm: str,
-    arm_params: Params,
+    arm_params: Mapping[str, Any],
     query: str,
     params: Params = None,
     *,
@@ -223,17 +223,23 @@ def fetch_one_armed(
     transaction, so what `arm` sets for the transaction (a statement budget is armed
     when a statement starts) bounds `query`; with `async_commit` that transaction of
     its own commits without waiting for its WAL flush. Inside the caller's transaction
-    they run in a savepoint and the caller's commit is left as it is."""
+    they run in a savepoint and the caller's commit is left as it is.
+
+    `arm` receives `async_commit` among its parameters (true only for a transaction of
+    its own, when asked) and sets `synchronous_commit` from it, so that setting costs
+    no statement of its own."""
     with translate_errors():
-        if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-            return _pipelined(conn, arm, arm_params, query, params, async_commit)
+        own = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        armed = {**arm_params, "async_commit": async_commit and own}
+        if own:
+            return _pipelined(conn, arm, armed, query, params)
         with conn.transaction():
-            conn.execute(arm, arm_params)
+            conn.execute(arm, armed)
             return conn.execute(query, params).fetchone()
 
 
 def _pipelined(
-    conn: Connection, arm: str, arm_params: Params, query: str, params: Params, async_commit: bool
+    conn: Connection, arm: str, arm_params: Params, query: str, params: Params
 ) -> Row | None:
     """The pipeline of `fetch_one_armed`. The first error is the one raised; a pipeline
     that could not be ended (the session went away in it) closes the connection, so its
@@ -244,8 +250,6 @@ def _pipelined(
     try:
         with conn.pipeline():
             try:
-                if async_commit:
-                    conn.execute("SELECT set_config('synchronous_commit', 'off', true)")
                 conn.execute(arm, arm_params)
                 row = conn.execute(query, params).fetchone()
             except psycopg.Error as exc:

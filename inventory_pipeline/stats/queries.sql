@@ -13,9 +13,12 @@ FROM stats_projection_worker_settings WHERE id = 1;
 
 -- name: arm_stage_call
 -- Sent in the same round trip as a stage's server-side call, before it: the stage's
--- statement budget (armed when the call starts) and the lease token it acts under.
+-- statement budget (armed when the call starts), the lease token it acts under, and
+-- whether its transaction may commit without waiting for its WAL flush.
 SELECT stats_projection_statement_budget(%(stage)s) AS budget_ms,
-       set_config('inventory.stats_lease_token', %(lease_token)s, true) AS lease_token;
+       set_config('inventory.stats_lease_token', %(lease_token)s, true) AS lease_token,
+       CASE WHEN %(async_commit)s THEN set_config('synchronous_commit', 'off', true) END
+           AS async_commit;
 
 -- name: claim_stage
 -- The claim stage as one call (migration 0015): no row when nothing was claimed.

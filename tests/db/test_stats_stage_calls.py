@@ -23,6 +23,7 @@ from inventory_pipeline.db import (
     execute,
     fetch_all,
     fetch_one,
+    fetch_one_armed,
     transaction,
 )
 from inventory_pipeline.stats import compute as compute_module
@@ -245,3 +246,61 @@ def test_publish_pr_window_builds_the_window_the_publish_stage_call_builds(
         execute(conn, "DELETE FROM user_pr_overview_rollover_state WHERE user_id = %s", (user,))
         repo.publish_pr_window(conn, user, generation)
     assert window(conn, user) == built
+
+
+SYNCHRONOUS_COMMIT = "SELECT current_setting('synchronous_commit') AS level"
+
+
+@pytest.mark.parametrize("async_commit", [True, False])
+def test_a_stage_of_its_own_commits_asynchronously_only_when_asked(
+    conn: Connection, async_commit: bool
+) -> None:
+    """Claim and compute in a transaction of their own commit without waiting for their
+    WAL flush; publication (not asked) and any stage inside a caller's transaction keep
+    the session's level, so the caller's commit is left as it is."""
+    row = fetch_one(conn, SYNCHRONOUS_COMMIT)
+    assert row is not None
+    level = row["level"]
+    arm = {"stage": "claim", "lease_token": ""}
+    own = fetch_one_armed(
+        conn, repo.QUERIES["arm_stage_call"], arm, SYNCHRONOUS_COMMIT, async_commit=async_commit
+    )
+    assert own is not None and own["level"] == ("off" if async_commit else level)
+    with transaction(conn):
+        inside = fetch_one_armed(
+            conn, repo.QUERIES["arm_stage_call"], arm, SYNCHRONOUS_COMMIT, async_commit=True
+        )
+        after = fetch_one(conn, SYNCHRONOUS_COMMIT)
+    assert inside is not None and inside["level"] == level
+    assert after is not None and after["level"] == level
+
+
+RUN_VERSIONS = (
+    "SELECT n_tup_upd AS updates FROM pg_stat_xact_user_tables"
+    " WHERE relname = 'user_stats_projection_runs'"
+)
+
+
+def test_the_compute_stage_writes_its_run_once(conn: Connection) -> None:
+    """Renewing the lease and recording the manifest are one update of the run: one new
+    row version (with an entry in every index of the runs table), not two. The
+    renewed lease and the attempt count are written all the same."""
+    user = uuid.uuid4()
+    sf.exercise(conn, "squat")
+    sf.save(conn, user, D, sf.sets(("squat", 100, 5)))
+    claimed = service.claim(conn, "test", user)
+    assert claimed is not None
+    sf.expire_run(conn, claimed.run_id, claimed.lease_token)  # resumed: one more attempt
+    with transaction(conn):  # the counts include earlier transactions not yet reported
+        before = fetch_one(conn, RUN_VERSIONS)
+        assert service.compute(conn, claimed).status == "computed"
+        after = fetch_one(conn, RUN_VERSIONS)
+    assert before is not None and after is not None
+    assert after["updates"] - before["updates"] == 1
+    run = fetch_one(
+        conn,
+        "SELECT phase, attempts, lease_until > now() + interval '1 minute' AS renewed"
+        " FROM user_stats_projection_runs WHERE id = %s",
+        (claimed.run_id,),
+    )
+    assert run == {"phase": "computed", "attempts": 2, "renewed": True}
