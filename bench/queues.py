@@ -12,15 +12,22 @@ as autovacuum would (`bench.common.as_autovacuum`: the tables the load left empt
 unanalyzed on every side, as autovacuum leaves them).
 Procrastinate runs twice: with its defaults (a pool that checks each connection on
 checkout and a transaction around every call) and with a pool matched to ours
-(autocommit connections, no checkout check). Each repetition runs all four sides in a
+(autocommit connections, no checkout check). Each repetition runs every side in a
 rotated order, and every ratio is paired within its repetition; figures are the median
 with the min-max spread.
+
+Two shapes of four workers, every side in both: one process (our workers four threads
+under one interpreter lock, Procrastinate's four coroutines of one event loop), and four
+processes of one worker each (our refresh runs are one process each; a Procrastinate
+deployment may run several worker processes). The second measures the queues with no
+two clients sharing an interpreter.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import multiprocessing
 import statistics
 import threading
 import time
@@ -70,10 +77,9 @@ def _empty_database(admin_url: str) -> Iterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def _procrastinate_queue(url: str, size: int, n: int, matched: bool) -> AsyncIterator[Any]:
-    """An open Procrastinate app with `n` jobs deferred and analyzed: its job manager."""
+async def _procrastinate_app(url: str, size: int, matched: bool) -> AsyncIterator[Any]:
+    """An open Procrastinate app on a pool of `size`: its defaults, or matched to ours."""
     import procrastinate
-    from procrastinate import jobs
 
     extra: dict[str, Any] = {"pool_factory": _matched_pool} if matched else {}
     app = procrastinate.App(
@@ -83,6 +89,17 @@ async def _procrastinate_queue(url: str, size: int, n: int, matched: bool) -> As
     )
     await app.open_async()
     try:
+        yield app
+    finally:
+        await app.close_async()
+
+
+@contextlib.asynccontextmanager
+async def _procrastinate_queue(url: str, size: int, n: int, matched: bool) -> AsyncIterator[Any]:
+    """An open Procrastinate app with `n` jobs deferred and analyzed: its job manager."""
+    from procrastinate import jobs
+
+    async with _procrastinate_app(url, size, matched) as app:
         await app.schema_manager.apply_schema_async()
         await app.job_manager.batch_defer_jobs_async(
             [
@@ -99,8 +116,6 @@ async def _procrastinate_queue(url: str, size: int, n: int, matched: bool) -> As
                 "ANALYZE " + ", ".join(str(row["name"]) for row in due)
             )
         yield app.job_manager
-    finally:
-        await app.close_async()
 
 
 def _threads(url: str, work: Callable[[Connection], int]) -> tuple[int, float]:
@@ -125,7 +140,44 @@ def _threads(url: str, work: Callable[[Connection], int]) -> tuple[int, float]:
     return sum(counts), time.perf_counter() - start
 
 
-def profile_cycles(admin_url: str, n: int) -> tuple[int, float]:
+def _processes(work: Callable[[Any], int]) -> tuple[int, float]:
+    """`work(barrier)` in WORKERS forked processes of their own; each connects, waits at
+    the barrier and returns its count. Timed from the barrier to the last count."""
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(WORKERS + 1)
+    counts = context.Queue()
+
+    def worker() -> None:
+        counts.put(work(barrier))
+
+    processes = [context.Process(target=worker) for _ in range(WORKERS)]
+    for process in processes:
+        process.start()
+    barrier.wait()
+    start = time.perf_counter()
+    done = sum(counts.get() for _ in processes)
+    seconds = time.perf_counter() - start
+    for process in processes:
+        process.join()
+        if process.exitcode != 0:
+            raise RuntimeError(f"a worker process exited with {process.exitcode}")
+    return done, seconds
+
+
+def _run(url: str, work: Callable[[Connection], int], processes: bool) -> tuple[int, float]:
+    """Four workers running `work` on a connection each: threads, or processes."""
+    if not processes:
+        return _threads(url, work)
+
+    def one(barrier: Any) -> int:
+        with connect(url) as conn:
+            barrier.wait()
+            return work(conn)
+
+    return _processes(one)
+
+
+def profile_cycles(admin_url: str, n: int, processes: bool = False) -> tuple[int, float]:
     policy = RefreshPolicy()
     with scratch_database(admin_url) as url:
         with connect(url) as conn:
@@ -144,10 +196,10 @@ def profile_cycles(admin_url: str, n: int) -> tuple[int, float]:
                     done += row is not None
             return done
 
-        return _threads(url, work)
+        return _run(url, work, processes)
 
 
-def stats_cycles(admin_url: str, n: int) -> tuple[int, float]:
+def stats_cycles(admin_url: str, n: int, processes: bool = False) -> tuple[int, float]:
     with scratch_database(admin_url) as url:
         with connect(url) as conn:
             execute(
@@ -168,36 +220,51 @@ def stats_cycles(admin_url: str, n: int) -> tuple[int, float]:
                 done += stats.publish(conn, claimed).status == "published"
             return done
 
-        return _threads(url, work)
+        return _run(url, work, processes)
 
 
-def procrastinate_cycles(admin_url: str, n: int, matched: bool) -> tuple[int, float]:
+def procrastinate_cycles(
+    admin_url: str, n: int, matched: bool, processes: bool = False
+) -> tuple[int, float]:
     """Procrastinate fetch -> finish: with its default pool, or (`matched`) with
-    autocommit connections and no checkout check, as our workers run."""
+    autocommit connections and no checkout check, as our workers run; four coroutines
+    of one event loop, or (`processes`) four processes of one worker each."""
     from procrastinate import jobs
+
+    async def drain(manager: Any) -> int:
+        worker_id = await manager.register_worker()
+        done = 0
+        while (job := await manager.fetch_job(None, worker_id)) is not None:
+            await manager.finish_job(job, jobs.Status.SUCCEEDED, delete_job=False)
+            done += 1
+        return done
 
     async def run(url: str) -> tuple[int, float]:
         async with _procrastinate_queue(url, WORKERS, n, matched) as manager:
-
-            async def worker() -> int:
-                worker_id = await manager.register_worker()
-                done = 0
-                while (job := await manager.fetch_job(None, worker_id)) is not None:
-                    await manager.finish_job(job, jobs.Status.SUCCEEDED, delete_job=False)
-                    done += 1
-                return done
-
             start = time.perf_counter()
-            counts = await asyncio.gather(*(worker() for _ in range(WORKERS)))
+            counts = await asyncio.gather(*(drain(manager) for _ in range(WORKERS)))
             return sum(counts), time.perf_counter() - start
 
+    async def one(url: str, barrier: Any) -> int:
+        async with _procrastinate_app(url, 1, matched) as app:
+            barrier.wait()  # nothing else runs on this loop yet
+            return await drain(app.job_manager)
+
     with _empty_database(admin_url) as url:
-        return asyncio.run(run(url))
+        if not processes:
+            return asyncio.run(run(url))
+
+        async def load() -> None:
+            async with _procrastinate_queue(url, 1, n, matched):
+                pass
+
+        asyncio.run(load())
+        return _processes(lambda barrier: asyncio.run(one(url, barrier)))
 
 
-SIDES: dict[str, Callable[[str, int], tuple[int, float]]] = {
-    "procrastinate_default": lambda url, n: procrastinate_cycles(url, n, matched=False),
-    "procrastinate_matched": lambda url, n: procrastinate_cycles(url, n, matched=True),
+SIDES: dict[str, Callable[[str, int, bool], tuple[int, float]]] = {
+    "procrastinate_default": lambda url, n, p: procrastinate_cycles(url, n, False, p),
+    "procrastinate_matched": lambda url, n, p: procrastinate_cycles(url, n, True, p),
     "profile": profile_cycles,
     "stats": stats_cycles,
 }
@@ -209,19 +276,26 @@ OURS = {
     "profile": "profile outbox claim -> acknowledge",
     "stats": "stats queue claim -> compute -> publish",
 }
+# The shapes of the four workers: False one process, True four processes.
+SHAPES = (False, True)
 
 
-def rates(admin_url: str, n: int, reps: int) -> dict[str, list[float]]:
-    """Cycles per second of every side, `reps` times, each repetition in a rotated order."""
+def rates(admin_url: str, n: int, reps: int) -> dict[tuple[bool, str], list[float]]:
+    """Cycles per second of every side in both shapes, keyed (processes, side), `reps`
+    times; each repetition runs the sides in a rotated order, shape by shape (the shapes
+    alternating which goes first)."""
     names = list(SIDES)
-    measured: dict[str, list[float]] = {name: [] for name in names}
+    measured: dict[tuple[bool, str], list[float]] = {
+        (shape, name): [] for shape in SHAPES for name in names
+    }
     for rep in range(reps):
         shift = rep % len(names)
-        for name in names[shift:] + names[:shift]:
-            done, seconds = SIDES[name](admin_url, n)
-            if done != n:
-                raise RuntimeError(f"{name}: {done} of {n} cycles completed")
-            measured[name].append(done / seconds)
+        for shape in SHAPES if rep % 2 == 0 else SHAPES[::-1]:
+            for name in names[shift:] + names[:shift]:
+                done, seconds = SIDES[name](admin_url, n, shape)
+                if done != n:
+                    raise RuntimeError(f"{name}: {done} of {n} cycles completed")
+                measured[(shape, name)].append(done / seconds)
     return measured
 
 
@@ -235,27 +309,39 @@ def run(admin_url: str, mode: Mode) -> list[Figure]:
             Figure("queue mechanics", 0, "", "skipped: pip install -e '.[bench]' for Procrastinate")
         ]
     measured = rates(admin_url, n, reps)
-    figures = [
-        over_runs(f"{label} ({WORKERS} workers, {n} jobs)", measured[peer], " jobs/s", "peer")
-        for peer, label in PEERS.items()
-    ]
-    for ours, label in OURS.items():
-        figures.append(
+    figures: list[Figure] = []
+    for shape in SHAPES:
+        where = f", {WORKERS} processes" if shape else ""
+        figures += [
             over_runs(
-                f"{label} ({WORKERS} workers, {n} cycles)", measured[ours], " cycles/s", "ours"
+                f"{label} ({WORKERS} workers{where}, {n} jobs)",
+                measured[(shape, peer)],
+                " jobs/s",
+                "peer",
             )
-        )
-        for peer in PEERS:
-            short = "defaults" if peer == "procrastinate_default" else "matched pool"
+            for peer, label in PEERS.items()
+        ]
+        for ours, label in OURS.items():
             figures.append(
                 over_runs(
-                    f"  {ours} vs Procrastinate {short}",
-                    [o / p for o, p in zip(measured[ours], measured[peer], strict=True)],
-                    "x",
-                    "goal >= 1.0x (paired within each repetition)",
-                    None if mode.smoke else (lambda r: r >= 1.0),
+                    f"{label} ({WORKERS} workers{where}, {n} cycles)",
+                    measured[(shape, ours)],
+                    " cycles/s",
+                    "ours",
                 )
             )
+            for peer in PEERS:
+                short = "defaults" if peer == "procrastinate_default" else "matched pool"
+                pairs = zip(measured[(shape, ours)], measured[(shape, peer)], strict=True)
+                figures.append(
+                    over_runs(
+                        f"  {ours} vs Procrastinate {short}{where}",
+                        [o / p for o, p in pairs],
+                        "x",
+                        "goal >= 1.0x (paired within each repetition)",
+                        None if mode.smoke else (lambda r: r >= 1.0),
+                    )
+                )
     return figures
 
 
