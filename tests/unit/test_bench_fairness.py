@@ -84,19 +84,28 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
 
 
 def test_queue_sides_rotate_so_each_goes_first_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In each shape of workers every side goes first once, and the shapes alternate
+    which runs first."""
     from bench import queues
 
-    order: list[str] = []
+    order: list[tuple[bool, str]] = []
 
-    def side(name: str) -> Callable[[str, int], tuple[int, float]]:
-        def measure(url: str, n: int) -> tuple[int, float]:
-            order.append(name)
+    def side(name: str) -> Callable[[str, int, bool], tuple[int, float]]:
+        def measure(url: str, n: int, processes: bool) -> tuple[int, float]:
+            order.append((processes, name))
             return n, 1.0
 
         return measure
 
     monkeypatch.setattr(queues, "SIDES", {name: side(name) for name in queues.SIDES})
-    measured = queues.rates("unused", 3, len(queues.SIDES))
-    assert all(len(rates) == len(queues.SIDES) for rates in measured.values())
-    firsts = [order[i * len(queues.SIDES)] for i in range(len(queues.SIDES))]
-    assert sorted(firsts) == sorted(queues.SIDES)
+    sides = len(queues.SIDES)
+    measured = queues.rates("unused", 3, sides)
+    assert set(measured) == {(shape, name) for shape in queues.SHAPES for name in queues.SIDES}
+    assert all(len(rates) == sides for rates in measured.values())
+    blocks = [order[i * sides : (i + 1) * sides] for i in range(len(order) // sides)]
+    for shape in queues.SHAPES:
+        firsts = [block[0][1] for block in blocks if block[0][0] == shape]
+        assert sorted(firsts) == sorted(queues.SIDES)
+    assert [blocks[2 * rep][0][0] for rep in range(sides)] == [
+        queues.SHAPES[rep % 2] for rep in range(sides)
+    ]
