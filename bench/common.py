@@ -143,21 +143,31 @@ def scratch_database(admin_url: str) -> Iterator[str]:
             drop_database(admin, name)
 
 
-# The tables autovacuum would analyze now: changed since their last analysis by more
-# than its threshold (the server's settings: 50 rows + 10% of the table by default).
+# The tables autovacuum would analyze now (changed since their last analysis by more
+# than its threshold) and those it would vacuum (dead rows, or rows inserted since the
+# last vacuum, past their thresholds): the server's own settings, whose defaults are
+# 50 rows + 10 % of the table, 50 + 20 % and 1,000 + 20 %.
 AUTOVACUUM_DUE = """
-SELECT s.relid::regclass::text AS name
+SELECT s.relid::regclass::text AS name,
+       s.n_mod_since_analyze > current_setting('autovacuum_analyze_threshold')::float8
+           + current_setting('autovacuum_analyze_scale_factor')::float8 * c.tuples
+           AS analyze,
+       s.n_dead_tup > current_setting('autovacuum_vacuum_threshold')::float8
+           + current_setting('autovacuum_vacuum_scale_factor')::float8 * c.tuples
+       OR s.n_ins_since_vacuum > current_setting('autovacuum_vacuum_insert_threshold')::float8
+           + current_setting('autovacuum_vacuum_insert_scale_factor')::float8 * c.tuples
+           AS vacuum
 FROM pg_stat_user_tables s
-JOIN pg_class c ON c.oid = s.relid
-WHERE s.n_mod_since_analyze > current_setting('autovacuum_analyze_threshold')::float8
-      + current_setting('autovacuum_analyze_scale_factor')::float8 * greatest(c.reltuples, 0)
+CROSS JOIN LATERAL (SELECT greatest(reltuples, 0) AS tuples FROM pg_class
+                    WHERE oid = s.relid) AS c
 ORDER BY 1
 """
 
 
 def as_autovacuum(conn: Connection, vacuum: bool = False) -> list[str]:
-    """Analyze (with `vacuum`, vacuum and analyze) the tables autovacuum would after the
-    load `conn` just made, and only those; returns their names.
+    """Analyze the tables autovacuum would analyze after the load `conn` just made, and
+    only those (with `vacuum`, also vacuum those it would vacuum); returns the names of
+    the tables analyzed.
 
     A plain ANALYZE also records the tables the load left empty as empty, which
     autovacuum never does: a table never analyzed is planned as at least ten pages,
@@ -167,9 +177,12 @@ def as_autovacuum(conn: Connection, vacuum: bool = False) -> list[str]:
     minute later: the bench would measure a state an installation is in only for
     that minute."""
     execute(conn, "SELECT pg_stat_force_next_flush()")  # this session's counts, first
-    names = [str(row["name"]) for row in fetch_all(conn, AUTOVACUUM_DUE)]
+    due = fetch_all(conn, AUTOVACUUM_DUE)
+    if vacuum and (names := [str(row["name"]) for row in due if row["vacuum"]]):
+        execute(conn, "VACUUM " + ", ".join(names))
+    names = [str(row["name"]) for row in due if row["analyze"]]
     if names:
-        execute(conn, ("VACUUM ANALYZE " if vacuum else "ANALYZE ") + ", ".join(names))
+        execute(conn, "ANALYZE " + ", ".join(names))
     return names
 
 

@@ -111,10 +111,8 @@ async def _procrastinate_queue(url: str, size: int, n: int, matched: bool) -> As
         # tables as autovacuum would analyze.
         await asyncio.sleep(1.5)
         due = await app.connector.execute_query_all_async(AUTOVACUUM_DUE)
-        if due:
-            await app.connector.execute_query_async(
-                "ANALYZE " + ", ".join(str(row["name"]) for row in due)
-            )
+        if names := [str(row["name"]) for row in due if row["analyze"]]:
+            await app.connector.execute_query_async("ANALYZE " + ", ".join(names))
         yield app.job_manager
 
 
