@@ -41,6 +41,7 @@ from inventory_pipeline.db.connection import create_database, drop_database, url
 from inventory_pipeline.profiles import repository as profiles_repo
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.profiles.models import RefreshPolicy
+from inventory_pipeline.stats import processors
 from inventory_pipeline.stats import service as stats
 
 WORKERS = 4
@@ -212,11 +213,9 @@ def stats_cycles(admin_url: str, n: int, processes: bool = False) -> tuple[int, 
             as_autovacuum(conn)  # every side
 
         def work(conn: Connection) -> int:
-            done = 0
-            while (claimed := stats.claim(conn, "bench")) is not None:
-                stats.compute(conn, claimed)
-                done += stats.publish(conn, claimed).status == "published"
-            return done
+            # The worker's own loop (the Dagster drain's): each round trip computes and
+            # publishes one claim and makes the next.
+            return len(processors.drain(conn, "bench", max_rounds=n).published)
 
         return _run(url, work, processes)
 

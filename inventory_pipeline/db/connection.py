@@ -209,60 +209,6 @@ def fetch_one(conn: Connection, query: str, params: Params = None) -> Row | None
         return conn.execute(query, params).fetchone()
 
 
-def fetch_one_armed(
-    conn: Connection,
-    arm: str,
-    arm_params: Mapping[str, Any],
-    query: str,
-    params: Params = None,
-    *,
-    async_commit: bool = False,
-) -> Row | None:
-    """`arm`, then `query`'s first row, as one transaction in one round trip. Outside
-    a transaction the two are pipelined and the server runs them as one implicit
-    transaction, so what `arm` sets for the transaction (a statement budget is armed
-    when a statement starts) bounds `query`; with `async_commit` that transaction of
-    its own commits without waiting for its WAL flush. Inside the caller's transaction
-    they run in a savepoint and the caller's commit is left as it is.
-
-    `arm` receives `async_commit` among its parameters (true only for a transaction of
-    its own, when asked) and sets `synchronous_commit` from it, so that setting costs
-    no statement of its own."""
-    with translate_errors():
-        own = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        armed = {**arm_params, "async_commit": async_commit and own}
-        if own:
-            return _pipelined(conn, arm, armed, query, params)
-        with conn.transaction():
-            conn.execute(arm, armed)
-            return conn.execute(query, params).fetchone()
-
-
-def _pipelined(
-    conn: Connection, arm: str, arm_params: Params, query: str, params: Params
-) -> Row | None:
-    """The pipeline of `fetch_one_armed`. The first error is the one raised; a pipeline
-    that could not be ended (the session went away in it) closes the connection, so its
-    next use fails as an unavailable database instead of a connection stuck in pipeline
-    mode."""
-    failure: psycopg.Error | None = None
-    row: Row | None = None
-    try:
-        with conn.pipeline():
-            try:
-                conn.execute(arm, arm_params)
-                row = conn.execute(query, params).fetchone()
-            except psycopg.Error as exc:
-                failure = exc
-    except psycopg.Error as exc:
-        failure = failure or exc
-    if failure is None:
-        return row
-    if conn.broken or conn.pgconn.pipeline_status != psycopg.pq.PipelineStatus.OFF:
-        conn.close()
-    raise failure
-
-
 def fetch_tuples(
     conn: Connection, query: str, params: Params = None
 ) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:

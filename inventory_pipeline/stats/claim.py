@@ -4,6 +4,7 @@ token, within the cap of active leases."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from uuid import UUID
 
 from inventory_pipeline.db import Connection, UniqueViolation
@@ -16,7 +17,12 @@ CLAIM_TRIES = 5
 
 
 def claim(
-    conn: Connection, lock_owner: str, user_id: UUID | None = None, wait: bool = True
+    conn: Connection,
+    lock_owner: str,
+    user_id: UUID | None = None,
+    wait: bool = True,
+    after_run: int | None = None,
+    answered: Callable[[], StatsClaim | None] | None = None,
 ) -> StatsClaim | None:
     """Claim work, oldest first: resume a run due to resume (same token and cursor),
     revive a dead worker's job under a new lease at once, or start the oldest pending
@@ -25,10 +31,18 @@ def claim(
     the turn to count leases did not come within the claim budget (or at once, without
     `wait`). One server-side call; a start the one-live-job index refused (another
     claim won the user after this one's check) rolls that call back whole and the call
-    is made again: its fresh snapshot sees the winner's job and passes that user by."""
+    is made again: its fresh snapshot sees the winner's job and passes that user by.
+    With `after_run` (the caller's previous run), nothing is claimed while that run is
+    still claimed or computed. `answered` gives the first call's answer when the caller
+    made that call in a round trip of its own."""
+
+    def call() -> StatsClaim | None:
+        return repo.claim_stage(conn, lock_owner, user_id, wait, after_run)
+
+    ask = answered or call
     for _ in range(CLAIM_TRIES):
         try:
-            return repo.claim_stage(conn, lock_owner, user_id, wait)
+            return ask()
         except UniqueViolation:
-            continue
+            ask = call
     return None

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from inventory_pipeline.db import Connection, transaction
+from inventory_pipeline.db import ArmedCall, Connection, transaction
 from inventory_pipeline.stats import repository as repo
 from inventory_pipeline.stats.models import (
     BATCH_SIZE,
@@ -47,18 +48,34 @@ class _Attempt:
         )
 
 
+def stage_call(claim: StatsClaim) -> ArmedCall:
+    """The compute stage's server-side call, for a caller that sends it in a round trip
+    with other calls (its answer then goes to `compute` as `answered`)."""
+    return repo.compute_call(claim, BATCH_SIZE)
+
+
 def compute(
-    conn: Connection, claim: StatsClaim, record_interruptions: bool = True
+    conn: Connection,
+    claim: StatsClaim,
+    record_interruptions: bool = True,
+    answered: Callable[[], ComputeResult | None] | None = None,
 ) -> ComputeResult:
     """One compute call in its own transaction: one server-side call, or for a run in
-    batches the steps below. An interruption (57014/55P03) is a
-    failed attempt with backoff, unless the caller handles it (the scoped processor)."""
+    batches the steps below. An interruption (57014/55P03) is a failed attempt with
+    backoff, unless the caller handles it (the scoped processor). `answered` gives the
+    server-side call's answer when the caller made that call in a round trip of its
+    own."""
     started = time.perf_counter()
+
+    def call() -> ComputeResult | None:
+        return repo.compute_stage(conn, claim, BATCH_SIZE)
+
+    ask = answered or call
     try:
         while True:
-            answered = repo.compute_stage(conn, claim, BATCH_SIZE)
-            if answered is not None:
-                return answered
+            stage_answer, ask = ask(), call
+            if stage_answer is not None:
+                return stage_answer
             with transaction(conn):
                 stepped = _compute(conn, claim, started)
             if stepped is not None:

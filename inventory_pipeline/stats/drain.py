@@ -4,16 +4,19 @@ single-user processor."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 from uuid import UUID
 
-from inventory_pipeline.db import Connection, QueryCanceled, transaction
+from inventory_pipeline.db import Connection, DatabaseError, QueryCanceled, transaction
 from inventory_pipeline.stats import repository as repo
 from inventory_pipeline.stats.claim import claim
 from inventory_pipeline.stats.compute import compute
+from inventory_pipeline.stats.compute import stage_call as compute_stage_call
 from inventory_pipeline.stats.models import (
     TRANSACTION_BOUNDARY,
     AccountResult,
+    ComputeResult,
     DrainSummary,
     ProcessResult,
     StatsClaim,
@@ -36,17 +39,66 @@ def process_claim(conn: Connection, claimed: StatsClaim) -> ProcessResult:
     """Compute (committing between calls) until a terminal response, then publish.
     Inside a caller's transaction the cursor cannot advance: the first
     transaction_boundary_required ends the call with batch_pending."""
+    return _process(conn, claimed, None)[0]
+
+
+def _process(
+    conn: Connection, claimed: StatsClaim, lock_owner: str | None
+) -> tuple[ProcessResult, StatsClaim | None]:
+    """`process_claim` with its compute and publish calls sent in one round trip, each
+    its own transaction: the publication commits after the computation, and finds
+    nothing to publish when the run is not computed. Given a lock owner, the worker's
+    next claim goes in the same round trip after the publication; it takes nothing while
+    this run is still open, and is made again once the run is done with. Returns the
+    result and the next claim (None: nothing claimed, or no owner)."""
+    calls = [compute_stage_call(claimed), repo.publish_call(claimed)]
+    if lock_owner is not None:
+        calls.append(repo.claim_call(lock_owner, None, True, after_run=claimed.run_id))
+    answers = repo.stage_round(conn, calls)
+    first: list[ComputeResult | None] = []
+
+    def first_compute() -> ComputeResult | None:
+        first.append(repo.computed(answers[0]))
+        return first[0]
+
     batches = 0
+    answered: Callable[[], ComputeResult | None] | None = first_compute
     while True:
-        result = compute(conn, claimed)
+        result = compute(conn, claimed, answered=answered)
+        answered = None
         if result.status != "batch_pending":
             break
         if result.reason == TRANSACTION_BOUNDARY:
-            return ProcessResult("batch_pending", batches)
+            return ProcessResult("batch_pending", batches), _next(conn, lock_owner, answers)
         batches += 1
     if result.status != "computed":
-        return ProcessResult(result.status, batches)
-    return ProcessResult("computed", max(batches, 1), publish(conn, claimed))
+        return ProcessResult(result.status, batches), _next(conn, lock_owner, answers)
+    # The publication of the round trip found the run computed only when the first
+    # compute call computed it (or found it computed).
+    in_round = bool(first) and first[0] is not None and first[0].status == "computed"
+    publication = publish(
+        conn, claimed, answered=(lambda: repo.published(claimed, answers[1])) if in_round else None
+    )
+    row = answers[1] if in_round else None
+    ended = isinstance(row, dict) and row["publish_status"] in ("published", "rejected")
+    return ProcessResult("computed", max(batches, 1), publication), _next(
+        conn, lock_owner, answers, ended
+    )
+
+
+def _next(
+    conn: Connection, lock_owner: str | None, answers: list[repo.Answer], ended: bool = False
+) -> StatsClaim | None:
+    """The worker's next claim. When the round trip's publication ended the run, the
+    claim after it stands as it is; otherwise it may have waited for the run, so a
+    claim it did not make is made now."""
+    if lock_owner is None:
+        return None
+    answer = answers[2]
+    if ended:
+        return claim(conn, lock_owner, answered=lambda: repo.claimed(answer))
+    made = None if isinstance(answer, DatabaseError) else repo.claimed(answer)
+    return made if made is not None else claim(conn, lock_owner)
 
 
 def drain(conn: Connection, lock_owner: str, max_rounds: int = MAX_ROUNDS) -> DrainSummary:
@@ -65,12 +117,11 @@ def drain(conn: Connection, lock_owner: str, max_rounds: int = MAX_ROUNDS) -> Dr
 def _pass(conn: Connection, lock_owner: str, max_rounds: int) -> DrainSummary:
     published: list[tuple[UUID, int, int]] = []
     deferred = rejected = failed = rounds = 0
-    while rounds < max_rounds:
-        claimed = claim(conn, lock_owner)
-        if claimed is None:
-            break
+    claimed = claim(conn, lock_owner) if max_rounds > 0 else None
+    while claimed is not None:
         rounds += 1
-        result = process_claim(conn, claimed)
+        # While rounds remain, the next claim rides with this one's publication.
+        result, following = _process(conn, claimed, lock_owner if rounds < max_rounds else None)
         outcome = result.outcome
         if outcome == "published":
             published.append((claimed.user_id, claimed.target_version, result.batches))
@@ -80,6 +131,7 @@ def _pass(conn: Connection, lock_owner: str, max_rounds: int) -> DrainSummary:
             deferred += 1
         else:
             failed += 1
+        claimed = following
     return DrainSummary(tuple(published), deferred, rejected, failed, rounds)
 
 

@@ -5,6 +5,8 @@ base has not moved."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from inventory_pipeline.db import Connection, ForeignKeyViolation, transaction
 from inventory_pipeline.stats import repository as repo
 from inventory_pipeline.stats.models import INTERRUPTIONS, PublishResult, StatsClaim
@@ -14,17 +16,21 @@ DELETED_REFERENCE = "a referenced canonical row was deleted (23503)"
 
 
 def publish(
-    conn: Connection, claim: StatsClaim, record_interruptions: bool = True
+    conn: Connection,
+    claim: StatsClaim,
+    record_interruptions: bool = True,
+    answered: Callable[[], PublishResult] | None = None,
 ) -> PublishResult:
     """Publish the computed run in one server-side call. A generation not newer than
     the applied one is refused and its range absorbed by a successor with a newer
     generation; a moved base or a deleted referenced row (23503) rejects into the
     successor too. An interruption (57014/55P03) is a failed attempt with backoff: the
     output stays for the retry (unless the caller handles it itself: the scoped
-    processor)."""
+    processor). `answered` gives the server-side call's answer when the caller made
+    that call in a round trip of its own."""
     try:
         try:
-            return repo.publish_stage(conn, claim)
+            return answered() if answered is not None else repo.publish_stage(conn, claim)
         except ForeignKeyViolation:
             # The stage call rolled back whole, after its generation and base checks
             # passed: only the rejection is left to do.

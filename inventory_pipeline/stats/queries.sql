@@ -13,31 +13,41 @@ FROM stats_projection_worker_settings WHERE id = 1;
 
 -- name: arm_stage_call
 -- Sent in the same round trip as a stage's server-side call, before it: the stage's
--- statement budget (armed when the call starts), the lease token it acts under, and
--- whether its transaction may commit without waiting for its WAL flush.
-SELECT stats_projection_statement_budget(%(stage)s) AS budget_ms,
-       set_config('inventory.stats_lease_token', %(lease_token)s, true) AS lease_token,
-       CASE WHEN %(async_commit)s THEN set_config('synchronous_commit', 'off', true) END
-           AS async_commit;
+-- statement budget from the settings row (armed when the call starts; a stage with no
+-- budget is refused by set_config, never left unbounded), the lease token it acts
+-- under, and whether its transaction may commit without waiting for its WAL flush.
+SELECT set_config('statement_timeout',
+                  coalesce(CASE %(stage)s::text
+                               WHEN 'claim' THEN claim_budget_ms
+                               WHEN 'compute' THEN compute_budget_ms
+                               WHEN 'publish' THEN publish_budget_ms
+                           END::text, 'no budget for stage ' || %(stage)s::text),
+                  true) AS budget_ms,
+       set_config('inventory.stats_lease_token', %(lease_token)s::text, true) AS lease_token,
+       CASE WHEN %(async_commit)s::boolean
+            THEN set_config('synchronous_commit', 'off', true) END AS async_commit
+FROM stats_projection_worker_settings WHERE id = 1;
 
 -- name: claim_stage
--- The claim stage as one call (migration 0015): no row when nothing was claimed.
+-- The claim stage as one call: no row when nothing was claimed, or while the caller's
+-- previous run (after_run) is still claimed or computed.
 SELECT claim_run_id, claim_job_id, claim_user_id, claim_lease_token, claim_target_version,
        claim_base_applied_version, claim_from_date, claim_exercise_ids
-FROM stats_claim_stage(%(lock_owner)s, %(user_id)s::uuid, %(wait)s);
+FROM stats_claim_stage(%(lock_owner)s::text, %(user_id)s::uuid, %(wait)s::boolean,
+                       %(after_run)s::bigint);
 
 -- name: compute_stage
 -- The compute stage as one call for an account that needs no batches ('client': a run
 -- in batches, which the caller computes step by step).
 SELECT compute_status, compute_stage, compute_next_offset, compute_total, compute_reason,
        compute_retry_not_before
-FROM stats_compute_stage(%(run_id)s, %(lease_token)s, %(batch_size)s);
+FROM stats_compute_stage(%(run_id)s::bigint, %(lease_token)s::uuid, %(batch_size)s::integer);
 
 -- name: publish_stage
 -- The publish stage as one call (23503: a referenced row went away; the caller's own
 -- path rejects into the successor).
 SELECT publish_status, publish_applied_version, publish_reason
-FROM stats_publish_stage(%(run_id)s, %(lease_token)s);
+FROM stats_publish_stage(%(run_id)s::bigint, %(lease_token)s::uuid);
 
 -- name: retire_run
 -- End a run that will not publish; its private output goes with it.

@@ -8,12 +8,14 @@ from typing import Any
 from uuid import UUID
 
 from inventory_pipeline.db import (
+    ArmedCall,
     Connection,
+    DatabaseError,
     Row,
+    call_armed,
     execute,
     fetch_all,
     fetch_one,
-    fetch_one_armed,
     jsonb,
 )
 from inventory_pipeline.db.queries import load_queries
@@ -76,31 +78,59 @@ def update_settings(conn: Connection, changes: dict[str, int | bool | None]) -> 
 
 
 def _stage_call(
-    conn: Connection, stage: str, lease_token: UUID | None, name: str, params: dict[str, Any]
-) -> Row | None:
-    """The stage's function under its statement budget and lease token, in one round
-    trip and one transaction. Claim and compute, in a transaction of their own, commit
+    stage: str, lease_token: UUID | None, name: str, params: dict[str, Any]
+) -> ArmedCall:
+    """The stage's function under its statement budget and lease token, as a
+    transaction of its own. Claim and compute, in a transaction of their own, commit
     without waiting for the WAL flush: a crash can lose only whole stages (a claim or a
     private output, never a publication), which the queue then does again, as after a
     lost lease. Publication always waits for its flush."""
     token = "" if lease_token is None else str(lease_token)
-    arm = {"stage": stage, "lease_token": token}
-    return fetch_one_armed(
-        conn,
+    return ArmedCall(
         QUERIES["arm_stage_call"],
-        arm,
+        {"stage": stage, "lease_token": token},
         QUERIES[name],
         params,
         async_commit=stage != "publish",
     )
 
 
-def claim_stage(
-    conn: Connection, lock_owner: str, user_id: UUID | None, wait: bool
-) -> StatsClaim | None:
-    """The claim stage in one call (None: nothing claimed)."""
-    params = {"lock_owner": lock_owner, "user_id": user_id, "wait": wait}
-    row = _stage_call(conn, "claim", None, "claim_stage", params)
+def claim_call(
+    lock_owner: str, user_id: UUID | None, wait: bool, after_run: int | None = None
+) -> ArmedCall:
+    """The claim stage; with `after_run`, nothing is claimed while that run is open."""
+    params = {"lock_owner": lock_owner, "user_id": user_id, "wait": wait, "after_run": after_run}
+    return _stage_call("claim", None, "claim_stage", params)
+
+
+def compute_call(claim: StatsClaim, batch_size: int) -> ArmedCall:
+    params = {"run_id": claim.run_id, "lease_token": claim.lease_token, "batch_size": batch_size}
+    return _stage_call("compute", claim.lease_token, "compute_stage", params)
+
+
+def publish_call(claim: StatsClaim) -> ArmedCall:
+    params = {"run_id": claim.run_id, "lease_token": claim.lease_token}
+    return _stage_call("publish", claim.lease_token, "publish_stage", params)
+
+
+Answer = Row | None | DatabaseError
+
+
+def stage_round(conn: Connection, calls: list[ArmedCall]) -> list[Answer]:
+    """Several stage calls in one round trip, each its own transaction (see
+    `db.call_armed`): each one's row, or the error that rolled that call back."""
+    return call_armed(conn, calls)
+
+
+def _row(answer: Answer) -> Row | None:
+    if isinstance(answer, DatabaseError):
+        raise answer
+    return answer
+
+
+def claimed(answer: Answer) -> StatsClaim | None:
+    """The claim stage's answer (None: nothing claimed); raises the call's error."""
+    row = _row(answer)
     if row is None:
         return None
     return StatsClaim(
@@ -115,11 +145,10 @@ def claim_stage(
     )
 
 
-def compute_stage(conn: Connection, claim: StatsClaim, batch_size: int) -> ComputeResult | None:
-    """The compute stage in one call; None for a run in batches (computed step by step
-    by the caller)."""
-    params = {"run_id": claim.run_id, "lease_token": claim.lease_token, "batch_size": batch_size}
-    row = _stage_call(conn, "compute", claim.lease_token, "compute_stage", params)
+def computed(answer: Answer) -> ComputeResult | None:
+    """The compute stage's answer; None for a run in batches (computed step by step by
+    the caller); raises the call's error."""
+    row = _row(answer)
     if row is None:
         raise LookupError("stats query compute_stage returned no row")
     if row["compute_status"] == "client":
@@ -134,10 +163,9 @@ def compute_stage(conn: Connection, claim: StatsClaim, batch_size: int) -> Compu
     )
 
 
-def publish_stage(conn: Connection, claim: StatsClaim) -> PublishResult:
-    """The publish stage in one call."""
-    params = {"run_id": claim.run_id, "lease_token": claim.lease_token}
-    row = _stage_call(conn, "publish", claim.lease_token, "publish_stage", params)
+def published(claim: StatsClaim, answer: Answer) -> PublishResult:
+    """The publish stage's answer; raises the call's error."""
+    row = _row(answer)
     if row is None:
         raise LookupError("stats query publish_stage returned no row")
     status = row["publish_status"]
@@ -149,6 +177,30 @@ def publish_stage(conn: Connection, claim: StatsClaim) -> PublishResult:
         applied_version=row["publish_applied_version"],
         reason=row["publish_reason"],
     )
+
+
+def claim_stage(
+    conn: Connection,
+    lock_owner: str,
+    user_id: UUID | None,
+    wait: bool,
+    after_run: int | None = None,
+) -> StatsClaim | None:
+    """The claim stage in one call (None: nothing claimed)."""
+    [answer] = stage_round(conn, [claim_call(lock_owner, user_id, wait, after_run)])
+    return claimed(answer)
+
+
+def compute_stage(conn: Connection, claim: StatsClaim, batch_size: int) -> ComputeResult | None:
+    """The compute stage in one call; None for a run in batches."""
+    [answer] = stage_round(conn, [compute_call(claim, batch_size)])
+    return computed(answer)
+
+
+def publish_stage(conn: Connection, claim: StatsClaim) -> PublishResult:
+    """The publish stage in one call."""
+    [answer] = stage_round(conn, [publish_call(claim)])
+    return published(claim, answer)
 
 
 # -- runs and jobs ---------------------------------------------------------------------

@@ -1,0 +1,584 @@
+-- The stage calls skip work that cannot change anything, and the claim can follow the
+-- caller's previous run in the same round trip.
+--
+-- A worker's cycle for an account with little to do was dominated by fixed costs: each
+-- statement of a stage pays its executor start-up, its locks and, for a write, every
+-- index, constraint and trigger of its table, whether it finds rows or not; and each
+-- plan was made again at every call, because the custom plans the plan cache keeps
+-- choosing (the user filter is a parameter that may be null) look cheaper than the
+-- generic one they equal. Now:
+-- - every stage function plans once per session (force_generic_plan);
+-- - the claim starts the oldest pending job in the statement that finds it, and takes
+--   the owed range in one delete (the merge into the job only when there was one);
+-- - the compute stage reads the settings with its run, writes no private output when
+--   there are no candidates or no sessions, and its manifest counts the period rows;
+-- - the publish stage locks the state row it will update (instead of writing it twice),
+--   replaces per-exercise projections and deletes private outputs only when the
+--   manifest says there are any, builds the PR window of a user with no facts as its
+--   three empty headers, and finishes run and job in one statement;
+-- - the claim takes p_after_run, the caller's previous run: it claims nothing while that
+--   run is still claimed or computed, so a worker may send its next claim in the round
+--   trip that computes and publishes the previous one and never holds two leases (a run
+--   that stays open, in batches or backing off, keeps the worker's next claim for after
+--   it).
+-- Every check, lock and order of the stages is kept: the lease-slot turn, the count in
+-- a fresh snapshot after it, resume before revive before start, the owed range taken in
+-- a statement after the start, the run locked by id and token, the fence trigger, the
+-- attempt cap, the publication lock, the generation and base checks, foreign keys
+-- checked at once where projections are written, applied_version with the projections.
+
+DROP FUNCTION stats_claim_stage(text, uuid, boolean);
+
+CREATE FUNCTION stats_claim_stage(
+    p_lock_owner text, p_user_id uuid, p_wait boolean, p_after_run bigint)
+RETURNS TABLE (
+    claim_run_id bigint, claim_job_id bigint, claim_user_id uuid, claim_lease_token uuid,
+    claim_target_version bigint, claim_base_applied_version bigint, claim_from_date date,
+    claim_exercise_ids text[])
+LANGUAGE plpgsql
+SET enable_bitmapscan = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_paused boolean;
+    v_cap integer;
+    v_lease_seconds integer;
+    v_max_attempts integer;
+    v_active bigint;
+    candidate record;
+    started record;
+    owed record;
+    v_job bigint;
+    tries integer := 0;
+BEGIN
+    SELECT st.paused, st.active_lease_cap, st.lease_seconds, st.max_attempts
+    INTO v_paused, v_cap, v_lease_seconds, v_max_attempts
+    FROM stats_projection_worker_settings st WHERE st.id = 1;
+    IF v_paused THEN
+        RETURN;
+    END IF;
+    -- The caller's previous run still holds its lease: no second one.
+    IF p_after_run IS NOT NULL AND EXISTS (
+        SELECT 1 FROM user_stats_projection_runs r
+        WHERE r.id = p_after_run AND r.phase IN ('claimed', 'computed')) THEN
+        RETURN;
+    END IF;
+    -- Claims that may start a lease take turns until their commit; the count that
+    -- follows (a statement of its own: a fresh snapshot) sees every committed lease.
+    IF NOT pg_try_advisory_xact_lock(hashtextextended('stats_lease_slots', 0)) THEN
+        IF NOT p_wait THEN
+            RETURN;
+        END IF;
+        BEGIN
+            PERFORM pg_advisory_xact_lock(hashtextextended('stats_lease_slots', 0));
+        EXCEPTION WHEN query_canceled THEN
+            RETURN;  -- the turn did not come within the claim budget
+        END;
+    END IF;
+    SELECT count(*) INTO v_active
+    FROM (SELECT FROM user_stats_projection_runs r
+          WHERE r.phase IN ('claimed', 'computed')
+            AND stats_run_is_active(r.phase, r.lease_until, r.retry_not_before)
+          LIMIT v_cap) AS live;
+    IF v_active >= v_cap THEN
+        RETURN;
+    END IF;
+
+    -- A run whose retry time has come, or a batch run a dead worker left: same token.
+    SELECT r.id, r.lease_token INTO candidate
+    FROM user_stats_projection_runs r
+    WHERE r.phase IN ('claimed', 'computed')
+      AND (r.retry_not_before <= now()
+           OR (r.phase = 'claimed' AND r.retry_not_before IS NULL AND r.payload ? '_batch'
+               AND r.lease_until <= now()))
+      AND (p_user_id IS NULL OR r.user_id = p_user_id)
+    ORDER BY r.id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        PERFORM set_config('inventory.stats_lease_token', candidate.lease_token::text, true);
+        RETURN QUERY
+        UPDATE user_stats_projection_runs r
+        SET attempts = r.attempts + CASE WHEN r.retry_not_before IS NULL
+                                              AND r.lease_until <= now() THEN 1 ELSE 0 END,
+            retry_not_before = NULL,
+            lease_until = now() + make_interval(secs => v_lease_seconds),
+            lock_owner = p_lock_owner
+        WHERE r.id = candidate.id
+        RETURNING r.id, r.job_id, r.user_id, r.lease_token, r.target_version,
+                  r.base_applied_version, r.from_date, r.exercise_ids;
+        RETURN;
+    END IF;
+
+    WHILE tries < 5 LOOP
+        tries := tries + 1;
+        -- A dead worker's job (its run retired, never adopted), else the oldest pending,
+        -- started in the statement that finds it.
+        SELECT r.id, r.job_id INTO candidate
+        FROM user_stats_projection_runs r
+        WHERE r.phase IN ('claimed', 'computed') AND r.lease_until <= now()
+          AND r.retry_not_before IS NULL
+          AND NOT (r.phase = 'claimed' AND r.payload ? '_batch')
+          AND (p_user_id IS NULL OR r.user_id = p_user_id)
+        ORDER BY r.lease_until
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            DELETE FROM stats_output_exercise o WHERE o.run_id = candidate.id;
+            DELETE FROM stats_output_period o WHERE o.run_id = candidate.id;
+            UPDATE user_stats_projection_runs r
+            SET phase = 'failed', error = 'lease expired', finished_at = now()
+            WHERE r.id = candidate.id;
+            UPDATE user_exercise_stats_refresh_jobs j
+            SET status = 'processing', locked_at = now(), lock_owner = p_lock_owner,
+                attempts = j.attempts + 1, updated_at = now()
+            WHERE j.id = candidate.job_id
+            RETURNING j.id, j.user_id, j.from_date, j.exercise_ids, j.requested_version,
+                      j.attempts
+            INTO started;
+        ELSE
+            UPDATE user_exercise_stats_refresh_jobs j
+            SET status = 'processing', locked_at = now(), lock_owner = p_lock_owner,
+                attempts = j.attempts + 1, updated_at = now()
+            WHERE j.id = (
+                SELECT p.id
+                FROM user_exercise_stats_refresh_jobs p
+                WHERE p.status = 'pending'
+                  AND (p_user_id IS NULL OR p.user_id = p_user_id)
+                  AND NOT EXISTS (
+                      SELECT 1 FROM user_exercise_stats_refresh_jobs q
+                      WHERE q.user_id = p.user_id AND q.status = 'processing')
+                ORDER BY p.created_at, p.id
+                LIMIT 1
+                FOR UPDATE SKIP LOCKED)
+            RETURNING j.id, j.user_id, j.from_date, j.exercise_ids, j.requested_version,
+                      j.attempts
+            INTO started;
+            IF NOT FOUND THEN
+                RETURN;
+            END IF;
+        END IF;
+        v_job := started.id;
+        IF started.attempts > v_max_attempts THEN
+            -- Exhausted: the job fails and the database owes its range (trigger).
+            UPDATE user_exercise_stats_refresh_jobs j
+            SET status = 'failed', error_message = 'attempts exhausted', updated_at = now(),
+                completed_at = now()
+            WHERE j.id = v_job;
+            CONTINUE;
+        END IF;
+
+        -- The user's owed range joins the job (a statement of its own, after the start:
+        -- its snapshot sees a failure committed while the start waited).
+        DELETE FROM user_stats_owed_ranges o WHERE o.user_id = started.user_id
+        RETURNING o.from_date, o.exercise_ids, o.failed_job_ids INTO owed;
+        IF FOUND THEN
+            UPDATE user_exercise_stats_refresh_jobs j
+            SET from_date = stats_merge_from_date(j.from_date, owed.from_date),
+                exercise_ids = stats_merge_exercise_ids(j.exercise_ids, owed.exercise_ids),
+                metadata = j.metadata || jsonb_build_object(
+                    'absorbed_failed_jobs',
+                    coalesce(j.metadata -> 'absorbed_failed_jobs', '[]')
+                        || to_jsonb(owed.failed_job_ids)),
+                updated_at = now()
+            WHERE j.id = v_job
+            RETURNING j.from_date, j.exercise_ids INTO started.from_date, started.exercise_ids;
+        END IF;
+
+        RETURN QUERY
+        INSERT INTO user_stats_projection_runs AS r
+            (job_id, user_id, phase, lease_token, lease_until, lock_owner, target_version,
+             base_applied_version, from_date, exercise_ids, attempts)
+        VALUES (v_job, started.user_id, 'claimed', gen_random_uuid(),
+                now() + make_interval(secs => v_lease_seconds), p_lock_owner,
+                started.requested_version,
+                coalesce((SELECT s.applied_version FROM user_stats_refresh_state s
+                          WHERE s.user_id = started.user_id), 0),
+                started.from_date, started.exercise_ids, started.attempts)
+        RETURNING r.id, r.job_id, r.user_id, r.lease_token, r.target_version,
+                  r.base_applied_version, r.from_date, r.exercise_ids;
+        RETURN;
+    END LOOP;
+    RETURN;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION stats_compute_stage(p_run_id bigint, p_lease_token uuid, p_batch_size integer)
+RETURNS TABLE (
+    compute_status text, compute_stage text, compute_next_offset integer,
+    compute_total integer, compute_reason text, compute_retry_not_before timestamptz)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    run record;
+    v_renewed integer;
+    v_candidates text[];
+    v_sessions boolean;
+    v_total integer;
+    v_periods bigint := 0;
+    v_versions record;
+    v_cursor jsonb;
+BEGIN
+    SELECT r.id, r.job_id, r.user_id, r.phase, r.lease_until <= now() AS expired,
+           r.retry_not_before > now() AS backing_off, r.retry_not_before, r.attempts,
+           r.from_date, r.exercise_ids, r.payload, txid_current() AS xid,
+           st.lease_seconds, st.max_attempts
+    INTO run
+    FROM user_stats_projection_runs r
+    CROSS JOIN stats_projection_worker_settings st
+    WHERE r.id = p_run_id AND r.lease_token = p_lease_token AND st.id = 1
+    FOR UPDATE OF r SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'failed', NULL::text, NULL::integer, NULL::integer,
+                            'lease lost or run busy', NULL::timestamptz;
+        RETURN;
+    END IF;
+    IF run.payload ? '_batch' THEN
+        RETURN QUERY SELECT 'client', NULL::text, NULL::integer, NULL::integer,
+                            NULL::text, NULL::timestamptz;
+        RETURN;
+    END IF;
+    IF run.phase = 'computed' THEN
+        RETURN QUERY SELECT 'computed', NULL::text, NULL::integer, NULL::integer,
+                            NULL::text, NULL::timestamptz;
+        RETURN;
+    END IF;
+    IF run.phase <> 'claimed' THEN
+        RETURN QUERY SELECT 'failed', NULL::text, NULL::integer, NULL::integer,
+                            'run is ' || run.phase, NULL::timestamptz;
+        RETURN;
+    END IF;
+    IF run.backing_off THEN
+        RETURN QUERY SELECT 'retry_pending', NULL::text, NULL::integer, NULL::integer,
+                            NULL::text, run.retry_not_before;
+        RETURN;
+    END IF;
+
+    -- The lease renewed at the stage boundary is written with the stage's outcome, in
+    -- the one update of the run below (the run is locked until commit either way).
+    v_renewed := run.attempts + CASE WHEN run.expired THEN 1 ELSE 0 END;
+    IF v_renewed > run.max_attempts THEN
+        -- Past the attempt cap: the run and its job fail; the job's range stays owed.
+        UPDATE user_stats_projection_runs r
+        SET phase = 'failed', payload = run.payload,
+            lease_until = now() + make_interval(secs => run.lease_seconds),
+            compute_ms = r.compute_ms
+                + extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000,
+            retry_not_before = NULL, attempts = v_renewed, error = 'attempts exhausted',
+            finished_at = now()
+        WHERE r.id = p_run_id;
+        UPDATE user_exercise_stats_refresh_jobs j
+        SET status = 'failed', error_message = 'attempts exhausted', updated_at = now(),
+            completed_at = now()
+        WHERE j.id = run.job_id;
+        RETURN QUERY SELECT 'failed', NULL::text, NULL::integer, NULL::integer,
+                            'attempts exhausted', NULL::timestamptz;
+        RETURN;
+    END IF;
+
+    -- Candidates: exercises in scope the user has sets for, those in scope already
+    -- projected (an exercise whose last set went away must disappear), and those named;
+    -- and whether the user has any session (no session, no period rows).
+    SELECT coalesce(array_agg(c.exercise_id ORDER BY c.exercise_id), '{}'),
+           EXISTS (SELECT 1 FROM training_sessions s WHERE s.user_id = run.user_id)
+    INTO v_candidates, v_sessions
+    FROM (
+        SELECT ts.exercise_id
+        FROM training_sessions s
+        JOIN training_sets ts ON ts.session_id = s.id
+        WHERE s.user_id = run.user_id
+          AND (cardinality(run.exercise_ids) = 0 OR ts.exercise_id = ANY (run.exercise_ids))
+        UNION
+        SELECT e.exercise_id FROM user_exercise_stats e
+        WHERE e.user_id = run.user_id
+          AND (cardinality(run.exercise_ids) = 0 OR e.exercise_id = ANY (run.exercise_ids))
+        UNION
+        SELECT unnest(run.exercise_ids)
+    ) AS c (exercise_id);
+    v_total := cardinality(v_candidates);
+
+    IF v_total > p_batch_size THEN
+        SELECT coalesce(s.requested_version, 0) AS requested,
+               coalesce(s.applied_version, 0) AS applied
+        INTO v_versions
+        FROM (SELECT 1) AS one
+        LEFT JOIN user_stats_refresh_state s ON s.user_id = run.user_id;
+        v_cursor := jsonb_build_object(
+            'stage', 'batches', 'next_offset', 0, 'exercises', to_jsonb(v_candidates),
+            'total', v_total, 'source_revision', v_versions.requested, 'base', v_versions.applied,
+            'output_revision', 1, 'retry_count', 0, 'xid', run.xid);
+        UPDATE user_stats_projection_runs r
+        SET phase = 'claimed', payload = jsonb_build_object('_batch', v_cursor),
+            lease_until = now() + make_interval(secs => run.lease_seconds),
+            compute_ms = r.compute_ms
+                + extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000,
+            retry_not_before = NULL, attempts = v_renewed, error = NULL, finished_at = NULL
+        WHERE r.id = p_run_id;
+        RETURN QUERY SELECT 'batch_pending', 'batches', 0, v_total, NULL::text,
+                            NULL::timestamptz;
+        RETURN;
+    END IF;
+
+    -- Per exercise: sessions, working sets, reps, volume, heaviest, best Epley estimate,
+    -- first and last date; then per period from the period holding from_date.
+    IF v_total > 0 THEN
+        INSERT INTO stats_output_exercise
+            (run_id, exercise_id, sessions, working_sets, reps, volume, heaviest_kg,
+             best_e1rm_kg, first_date, last_date)
+        SELECT p_run_id, ts.exercise_id,
+               count(DISTINCT s.id),
+               count(*) FILTER (WHERE NOT ts.warmup),
+               coalesce(sum(ts.reps) FILTER (WHERE NOT ts.warmup), 0),
+               coalesce(sum(ts.weight_kg * ts.reps) FILTER (WHERE NOT ts.warmup), 0),
+               max(ts.weight_kg) FILTER (WHERE NOT ts.warmup),
+               max(estimated_one_rep_max(ts.weight_kg, ts.reps)) FILTER (WHERE NOT ts.warmup),
+               min(s.session_date),
+               max(s.session_date)
+        FROM training_sessions s
+        JOIN training_sets ts ON ts.session_id = s.id
+        WHERE s.user_id = run.user_id AND ts.exercise_id = ANY (v_candidates)
+        GROUP BY ts.exercise_id;
+    END IF;
+    IF v_sessions THEN
+        INSERT INTO stats_output_period
+            (run_id, period, period_start, sessions, working_sets, reps, volume)
+        SELECT p_run_id, p.period, date_trunc(p.period, s.session_date)::date,
+               count(DISTINCT s.id),
+               count(ts.id) FILTER (WHERE ts.warmup IS FALSE),
+               coalesce(sum(ts.reps) FILTER (WHERE ts.warmup IS FALSE), 0),
+               coalesce(sum(ts.weight_kg * ts.reps) FILTER (WHERE ts.warmup IS FALSE), 0)
+        FROM training_sessions s
+        LEFT JOIN training_sets ts ON ts.session_id = s.id
+        CROSS JOIN (VALUES ('day'), ('week'), ('month'), ('quarter'), ('year')) AS p (period)
+        WHERE s.user_id = run.user_id
+          AND (run.from_date IS NULL
+               OR s.session_date >= date_trunc(p.period, run.from_date)::date)
+        GROUP BY 2, 3;
+        GET DIAGNOSTICS v_periods = ROW_COUNT;
+    END IF;
+    UPDATE user_stats_projection_runs r
+    SET phase = 'computed',
+        lease_until = now() + make_interval(secs => run.lease_seconds),
+        payload = jsonb_build_object('manifest', jsonb_build_object(
+            'exercises', to_jsonb(v_candidates), 'mode', 'single', 'batches', 1,
+            'periods', v_periods)),
+        compute_ms = r.compute_ms
+            + extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000,
+        retry_not_before = NULL, attempts = v_renewed, error = NULL, finished_at = NULL
+    WHERE r.id = p_run_id;
+    RETURN QUERY SELECT 'computed', NULL::text, NULL::integer, v_total, NULL::text,
+                        NULL::timestamptz;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION stats_publish_stage(p_run_id bigint, p_lease_token uuid)
+RETURNS TABLE (publish_status text, publish_applied_version bigint, publish_reason text)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    run record;
+    v_state record;
+    v_reason text;
+    v_successor bigint;
+    v_applied bigint;
+    v_exercises text[];
+    v_periods boolean;
+BEGIN
+    SELECT r.id, r.job_id, r.user_id, r.target_version, r.base_applied_version,
+           r.from_date, r.payload
+    INTO run
+    FROM user_stats_projection_runs r
+    WHERE r.id = p_run_id AND r.lease_token = p_lease_token
+      AND r.phase = 'computed' AND r.lease_until > now()
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'lease_lost', NULL::bigint, NULL::text;
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended('stats_publish:' || run.user_id::text, 0));
+    -- The state row, locked for the update below (created when the user has none).
+    SELECT s.requested_version, s.applied_version INTO v_state
+    FROM user_stats_refresh_state s WHERE s.user_id = run.user_id
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO user_stats_refresh_state AS s (user_id) VALUES (run.user_id)
+        ON CONFLICT (user_id) DO UPDATE SET user_id = EXCLUDED.user_id
+        RETURNING s.requested_version, s.applied_version INTO v_state;
+    END IF;
+
+    IF run.target_version <= v_state.applied_version THEN
+        v_reason := format('generation %s is not newer than applied %s',
+                         run.target_version, v_state.applied_version);
+    ELSIF v_state.applied_version <> run.base_applied_version THEN
+        v_reason := 'the published base moved';
+    END IF;
+    IF v_reason IS NOT NULL THEN
+        -- Not published: the run ends and the successor absorbs the job's range.
+        DELETE FROM stats_output_exercise o WHERE o.run_id = p_run_id;
+        DELETE FROM stats_output_period o WHERE o.run_id = p_run_id;
+        UPDATE user_stats_projection_runs r
+        SET phase = 'rejected', error = v_reason, finished_at = now()
+        WHERE r.id = p_run_id;
+        WITH job AS (
+            SELECT j.id, j.user_id, j.from_date, j.exercise_ids, j.requested_version,
+                   coalesce(s.applied_version, 0) AS applied_version
+            FROM user_exercise_stats_refresh_jobs j
+            LEFT JOIN user_stats_refresh_state s ON s.user_id = j.user_id
+            WHERE j.id = run.job_id
+        )
+        SELECT enqueue_user_exercise_stats_refresh_job(
+            job.user_id, 'manual_refresh', job.from_date, job.exercise_ids,
+            'rejected payload rescheduled', 'job:' || job.id,
+            CASE WHEN job.requested_version > job.applied_version THEN job.requested_version
+                 ELSE bump_stats_requested_version(job.user_id) END)
+        INTO v_successor
+        FROM job;
+        UPDATE user_exercise_stats_refresh_jobs j
+        SET status = 'completed', completed_at = now(), updated_at = now(),
+            error_message = 'superseded: ' || v_reason,
+            metadata = j.metadata || jsonb_build_object('superseded_by', v_successor)
+        WHERE j.id = run.job_id;
+        RETURN QUERY SELECT 'rejected', NULL::bigint, v_reason;
+        RETURN;
+    END IF;
+
+    -- The manifest's exercises, and whether the run has private period rows (a manifest
+    -- that does not count them may have some).
+    v_exercises := ARRAY(
+        SELECT jsonb_array_elements_text(run.payload -> 'manifest' -> 'exercises'));
+    v_periods := coalesce((run.payload -> 'manifest' ->> 'periods')::bigint, 1) > 0;
+    IF cardinality(v_exercises) > 0 THEN
+        SET CONSTRAINTS ALL IMMEDIATE;
+        DELETE FROM user_exercise_stats e
+        WHERE e.user_id = run.user_id AND e.exercise_id = ANY (v_exercises);
+        INSERT INTO user_exercise_stats
+            (user_id, exercise_id, sessions, working_sets, reps, volume, heaviest_kg,
+             best_e1rm_kg, first_date, last_date, generation)
+        SELECT run.user_id, o.exercise_id, o.sessions, o.working_sets, o.reps, o.volume,
+               o.heaviest_kg, o.best_e1rm_kg, o.first_date, o.last_date, run.target_version
+        FROM stats_output_exercise o
+        WHERE o.run_id = p_run_id
+        ON CONFLICT (user_id, exercise_id) DO UPDATE
+        SET sessions = EXCLUDED.sessions, working_sets = EXCLUDED.working_sets,
+            reps = EXCLUDED.reps, volume = EXCLUDED.volume, heaviest_kg = EXCLUDED.heaviest_kg,
+            best_e1rm_kg = EXCLUDED.best_e1rm_kg, first_date = EXCLUDED.first_date,
+            last_date = EXCLUDED.last_date, generation = EXCLUDED.generation;
+    END IF;
+    DELETE FROM user_training_period_stats p
+    WHERE p.user_id = run.user_id
+      AND (run.from_date IS NULL
+           OR p.period_start >= date_trunc(p.period, run.from_date)::date);
+    IF v_periods THEN
+        INSERT INTO user_training_period_stats
+            (user_id, period, period_start, sessions, working_sets, reps, volume, generation)
+        SELECT run.user_id, o.period, o.period_start, o.sessions, o.working_sets, o.reps,
+               o.volume, run.target_version
+        FROM stats_output_period o
+        WHERE o.run_id = p_run_id
+        ON CONFLICT (user_id, period, period_start) DO UPDATE
+        SET sessions = EXCLUDED.sessions, working_sets = EXCLUDED.working_sets,
+            reps = EXCLUDED.reps, volume = EXCLUDED.volume, generation = EXCLUDED.generation;
+    END IF;
+
+    -- Public projections and applied_version change together.
+    UPDATE user_stats_refresh_state s
+    SET applied_version = greatest(s.applied_version, run.target_version), updated_at = now()
+    WHERE s.user_id = run.user_id
+    RETURNING s.applied_version INTO v_applied;
+
+    -- The generation's PR overview window (database date -1, 0 and +1), built whole;
+    -- applied_version itself is its publication fence. A user with no facts has three
+    -- headers counting no exercise and no summary.
+    DELETE FROM user_pr_overview_snapshot_headers h
+    WHERE h.user_id = run.user_id AND h.generation <= run.target_version;
+    IF NOT EXISTS (SELECT 1 FROM training_sessions s WHERE s.user_id = run.user_id)
+       AND NOT EXISTS (SELECT 1 FROM user_manual_pr_records m WHERE m.user_id = run.user_id)
+    THEN
+        INSERT INTO user_pr_overview_snapshot_headers
+            (user_id, generation, as_of_date, catalog_epoch, exercise_count)
+        SELECT run.user_id, run.target_version, (stats_clock_date() + d)::date,
+               (SELECT c.catalog_epoch FROM pr_overview_projection_control c WHERE c.id = 1),
+               0
+        FROM generate_series(-1, 1) AS d;
+    ELSE
+    WITH days AS (
+        SELECT (stats_clock_date() + d)::date AS as_of FROM generate_series(-1, 1) AS d
+    ),
+    facts AS (
+        SELECT ts.exercise_id, s.session_date AS day, ts.weight_kg,
+               estimated_one_rep_max(ts.weight_kg, ts.reps) AS e1rm
+        FROM training_sessions s
+        JOIN training_sets ts ON ts.session_id = s.id
+        WHERE s.user_id = run.user_id AND NOT ts.warmup
+        UNION ALL
+        SELECT m.exercise_id, m.recorded_on, m.weight_kg,
+               estimated_one_rep_max(m.weight_kg, m.reps)
+        FROM user_manual_pr_records m
+        WHERE m.user_id = run.user_id
+    ),
+    headers AS (
+        INSERT INTO user_pr_overview_snapshot_headers
+            (user_id, generation, as_of_date, catalog_epoch, exercise_count)
+        SELECT run.user_id, run.target_version, days.as_of,
+               (SELECT c.catalog_epoch FROM pr_overview_projection_control c WHERE c.id = 1),
+               (SELECT count(DISTINCT f.exercise_id) FROM facts f WHERE f.day <= days.as_of)
+        FROM days
+        RETURNING as_of_date
+    )
+    INSERT INTO user_pr_exercise_summary_snapshots
+        (user_id, generation, as_of_date, exercise_id, best_e1rm_all_time, best_e1rm_30d,
+         best_e1rm_30d_prior_year, heaviest_kg)
+    SELECT run.user_id, run.target_version, h.as_of_date, f.exercise_id,
+           max(f.e1rm),
+           max(f.e1rm) FILTER (WHERE f.day > h.as_of_date - 30),
+           max(f.e1rm) FILTER (
+               WHERE f.day > (h.as_of_date - interval '1 year')::date - 30
+                 AND f.day <= (h.as_of_date - interval '1 year')::date),
+           max(f.weight_kg)
+    FROM headers h
+    JOIN facts f ON f.day <= h.as_of_date
+    GROUP BY h.as_of_date, f.exercise_id;
+    END IF;
+    INSERT INTO user_pr_overview_rollover_state AS o
+        (user_id, due_at, snapshot_generation, applied_catalog_epoch, window_end,
+         last_success_at)
+    SELECT run.user_id, (stats_clock_date() + 1)::timestamptz, run.target_version,
+           (SELECT c.catalog_epoch FROM pr_overview_projection_control c WHERE c.id = 1),
+           stats_clock_date() + 1, now()
+    ON CONFLICT (user_id) DO UPDATE
+    SET due_at = EXCLUDED.due_at,
+        snapshot_generation = EXCLUDED.snapshot_generation,
+        applied_catalog_epoch = EXCLUDED.applied_catalog_epoch,
+        window_end = EXCLUDED.window_end,
+        attempt_count = 0,
+        next_retry_at = NULL,
+        last_error = NULL,
+        last_success_at = now(),
+        updated_at = now();
+
+    IF cardinality(v_exercises) > 0 THEN
+        DELETE FROM stats_output_exercise o WHERE o.run_id = p_run_id;
+    END IF;
+    IF v_periods THEN
+        DELETE FROM stats_output_period o WHERE o.run_id = p_run_id;
+    END IF;
+    WITH finished AS (
+        UPDATE user_stats_projection_runs r
+        SET phase = 'published',
+            publish_ms = extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000,
+            finished_at = now()
+        WHERE r.id = p_run_id
+    )
+    UPDATE user_exercise_stats_refresh_jobs j
+    SET status = 'completed', completed_at = now(), updated_at = now(), error_message = NULL
+    WHERE j.id = run.job_id;
+    RETURN QUERY SELECT 'published', v_applied, NULL::text;
+END
+$$;
+
+REVOKE ALL ON FUNCTION stats_claim_stage(text, uuid, boolean, bigint) FROM PUBLIC;
