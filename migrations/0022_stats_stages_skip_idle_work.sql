@@ -27,6 +27,50 @@
 -- attempt cap, the publication lock, the generation and base checks, foreign keys
 -- checked at once where projections are written, applied_version with the projections.
 
+-- The value rules of the columns every stage writes are domains rather than table
+-- CHECKs: a table CHECK is read from the catalog and planned again by every statement
+-- that writes the table, whatever columns it sets (each stage's writes paid this for
+-- the status, phase, attempt and version rules), while a domain's rule is kept
+-- compiled and applies only where a value of it is written. The rules are unchanged.
+-- Each column becomes its domain first without a rule (the same type underneath, so no
+-- table is rewritten), then the domain takes the rule, which checks every stored value.
+CREATE DOMAIN stats_job_status AS text;
+CREATE DOMAIN stats_run_phase AS text;
+CREATE DOMAIN stats_attempt_count AS integer;
+CREATE DOMAIN stats_generation AS bigint;
+
+-- The owed-range trigger's condition names the status column: it is dropped for the
+-- type change and created again as it was.
+DROP TRIGGER user_exercise_stats_refresh_jobs_owe_failed ON user_exercise_stats_refresh_jobs;
+ALTER TABLE user_exercise_stats_refresh_jobs
+    ALTER COLUMN status TYPE stats_job_status,
+    ALTER COLUMN attempts TYPE stats_attempt_count;
+CREATE TRIGGER user_exercise_stats_refresh_jobs_owe_failed
+    AFTER UPDATE OF status ON user_exercise_stats_refresh_jobs
+    FOR EACH ROW
+    WHEN (NEW.status = 'failed' AND OLD.status IS DISTINCT FROM 'failed')
+    EXECUTE FUNCTION stats_owe_failed_range();
+ALTER TABLE user_stats_projection_runs ALTER COLUMN phase TYPE stats_run_phase;
+ALTER TABLE user_stats_refresh_state
+    ALTER COLUMN requested_version TYPE stats_generation,
+    ALTER COLUMN applied_version TYPE stats_generation;
+
+ALTER DOMAIN stats_job_status ADD CONSTRAINT stats_job_status_known
+    CHECK (VALUE IN ('pending', 'processing', 'completed', 'failed'));
+ALTER DOMAIN stats_run_phase ADD CONSTRAINT stats_run_phase_known
+    CHECK (VALUE IN ('claimed', 'computed', 'published', 'failed', 'rejected'));
+ALTER DOMAIN stats_attempt_count ADD CONSTRAINT stats_attempt_count_not_negative
+    CHECK (VALUE >= 0);
+ALTER DOMAIN stats_generation ADD CONSTRAINT stats_generation_not_negative
+    CHECK (VALUE >= 0);
+ALTER TABLE user_exercise_stats_refresh_jobs
+    DROP CONSTRAINT user_exercise_stats_refresh_jobs_status_check,
+    DROP CONSTRAINT user_exercise_stats_refresh_jobs_attempts_check;
+ALTER TABLE user_stats_projection_runs DROP CONSTRAINT user_stats_projection_runs_phase_check;
+ALTER TABLE user_stats_refresh_state
+    DROP CONSTRAINT user_stats_refresh_state_requested_version_check,
+    DROP CONSTRAINT user_stats_refresh_state_applied_version_check;
+
 DROP FUNCTION stats_claim_stage(text, uuid, boolean);
 
 CREATE FUNCTION stats_claim_stage(
@@ -41,31 +85,28 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_paused boolean;
-    v_cap integer;
-    v_lease_seconds integer;
-    v_max_attempts integer;
-    v_active bigint;
+    settings record;
+    live record;
     candidate record;
     started record;
     owed record;
     v_job bigint;
+    v_revived boolean;
     tries integer := 0;
 BEGIN
-    SELECT st.paused, st.active_lease_cap, st.lease_seconds, st.max_attempts
-    INTO v_paused, v_cap, v_lease_seconds, v_max_attempts
+    SELECT st.paused, st.active_lease_cap, st.lease_seconds, st.max_attempts,
+           p_after_run IS NOT NULL AND EXISTS (
+               SELECT 1 FROM user_stats_projection_runs r
+               WHERE r.id = p_after_run AND r.phase IN ('claimed', 'computed')) AS after_open
+    INTO settings
     FROM stats_projection_worker_settings st WHERE st.id = 1;
-    IF v_paused THEN
+    -- Paused, or the caller's previous run still holds its lease (no second one).
+    IF settings.paused OR settings.after_open THEN
         RETURN;
     END IF;
-    -- The caller's previous run still holds its lease: no second one.
-    IF p_after_run IS NOT NULL AND EXISTS (
-        SELECT 1 FROM user_stats_projection_runs r
-        WHERE r.id = p_after_run AND r.phase IN ('claimed', 'computed')) THEN
-        RETURN;
-    END IF;
-    -- Claims that may start a lease take turns until their commit; the count that
-    -- follows (a statement of its own: a fresh snapshot) sees every committed lease.
+    -- Claims that may start a lease take turns until their commit; the read of the live
+    -- runs that follows (a statement of its own: a fresh snapshot) sees every committed
+    -- lease.
     IF NOT pg_try_advisory_xact_lock(hashtextextended('stats_lease_slots', 0)) THEN
         IF NOT p_wait THEN
             RETURN;
@@ -76,55 +117,75 @@ BEGIN
             RETURN;  -- the turn did not come within the claim budget
         END;
     END IF;
-    SELECT count(*) INTO v_active
-    FROM (SELECT FROM user_stats_projection_runs r
-          WHERE r.phase IN ('claimed', 'computed')
-            AND stats_run_is_active(r.phase, r.lease_until, r.retry_not_before)
-          LIMIT v_cap) AS live;
-    IF v_active >= v_cap THEN
+    -- The active leases (counted up to the cap), and whether a run is due to resume or
+    -- a dead worker's run waits to be revived: `now()` is this transaction's start, so
+    -- what is due cannot change while the claim runs.
+    SELECT (SELECT count(*)
+            FROM (SELECT FROM user_stats_projection_runs r
+                  WHERE r.phase IN ('claimed', 'computed')
+                    AND stats_run_is_active(r.phase, r.lease_until, r.retry_not_before)
+                  LIMIT settings.active_lease_cap) AS active) AS active,
+           EXISTS (SELECT 1 FROM user_stats_projection_runs r
+                   WHERE r.phase IN ('claimed', 'computed')
+                     AND (r.retry_not_before <= now()
+                          OR (r.phase = 'claimed' AND r.retry_not_before IS NULL
+                              AND r.payload ? '_batch' AND r.lease_until <= now()))
+                     AND (p_user_id IS NULL OR r.user_id = p_user_id)) AS resumable,
+           EXISTS (SELECT 1 FROM user_stats_projection_runs r
+                   WHERE r.phase IN ('claimed', 'computed') AND r.lease_until <= now()
+                     AND r.retry_not_before IS NULL
+                     AND NOT (r.phase = 'claimed' AND r.payload ? '_batch')
+                     AND (p_user_id IS NULL OR r.user_id = p_user_id)) AS dead
+    INTO live;
+    IF live.active >= settings.active_lease_cap THEN
         RETURN;
     END IF;
 
-    -- A run whose retry time has come, or a batch run a dead worker left: same token.
-    SELECT r.id, r.lease_token INTO candidate
-    FROM user_stats_projection_runs r
-    WHERE r.phase IN ('claimed', 'computed')
-      AND (r.retry_not_before <= now()
-           OR (r.phase = 'claimed' AND r.retry_not_before IS NULL AND r.payload ? '_batch'
-               AND r.lease_until <= now()))
-      AND (p_user_id IS NULL OR r.user_id = p_user_id)
-    ORDER BY r.id
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED;
-    IF FOUND THEN
-        PERFORM set_config('inventory.stats_lease_token', candidate.lease_token::text, true);
-        RETURN QUERY
-        UPDATE user_stats_projection_runs r
-        SET attempts = r.attempts + CASE WHEN r.retry_not_before IS NULL
-                                              AND r.lease_until <= now() THEN 1 ELSE 0 END,
-            retry_not_before = NULL,
-            lease_until = now() + make_interval(secs => v_lease_seconds),
-            lock_owner = p_lock_owner
-        WHERE r.id = candidate.id
-        RETURNING r.id, r.job_id, r.user_id, r.lease_token, r.target_version,
-                  r.base_applied_version, r.from_date, r.exercise_ids;
-        RETURN;
+    IF live.resumable THEN
+        -- A run whose retry time has come, or a batch run a dead worker left: same token.
+        SELECT r.id, r.lease_token INTO candidate
+        FROM user_stats_projection_runs r
+        WHERE r.phase IN ('claimed', 'computed')
+          AND (r.retry_not_before <= now()
+               OR (r.phase = 'claimed' AND r.retry_not_before IS NULL AND r.payload ? '_batch'
+                   AND r.lease_until <= now()))
+          AND (p_user_id IS NULL OR r.user_id = p_user_id)
+        ORDER BY r.id
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            PERFORM set_config('inventory.stats_lease_token', candidate.lease_token::text, true);
+            RETURN QUERY
+            UPDATE user_stats_projection_runs r
+            SET attempts = r.attempts + CASE WHEN r.retry_not_before IS NULL
+                                                  AND r.lease_until <= now() THEN 1 ELSE 0 END,
+                retry_not_before = NULL,
+                lease_until = now() + make_interval(secs => settings.lease_seconds),
+                lock_owner = p_lock_owner
+            WHERE r.id = candidate.id
+            RETURNING r.id, r.job_id, r.user_id, r.lease_token, r.target_version,
+                      r.base_applied_version, r.from_date, r.exercise_ids;
+            RETURN;
+        END IF;
     END IF;
 
     WHILE tries < 5 LOOP
         tries := tries + 1;
-        -- A dead worker's job (its run retired, never adopted), else the oldest pending,
-        -- started in the statement that finds it.
-        SELECT r.id, r.job_id INTO candidate
-        FROM user_stats_projection_runs r
-        WHERE r.phase IN ('claimed', 'computed') AND r.lease_until <= now()
-          AND r.retry_not_before IS NULL
-          AND NOT (r.phase = 'claimed' AND r.payload ? '_batch')
-          AND (p_user_id IS NULL OR r.user_id = p_user_id)
-        ORDER BY r.lease_until
-        LIMIT 1
-        FOR UPDATE SKIP LOCKED;
-        IF FOUND THEN
+        v_revived := false;
+        IF live.dead THEN
+            -- A dead worker's job (its run retired, never adopted).
+            SELECT r.id, r.job_id INTO candidate
+            FROM user_stats_projection_runs r
+            WHERE r.phase IN ('claimed', 'computed') AND r.lease_until <= now()
+              AND r.retry_not_before IS NULL
+              AND NOT (r.phase = 'claimed' AND r.payload ? '_batch')
+              AND (p_user_id IS NULL OR r.user_id = p_user_id)
+            ORDER BY r.lease_until
+            LIMIT 1
+            FOR UPDATE SKIP LOCKED;
+            v_revived := FOUND;
+        END IF;
+        IF v_revived THEN
             DELETE FROM stats_output_exercise o WHERE o.run_id = candidate.id;
             DELETE FROM stats_output_period o WHERE o.run_id = candidate.id;
             UPDATE user_stats_projection_runs r
@@ -138,6 +199,8 @@ BEGIN
                       j.attempts
             INTO started;
         ELSE
+            -- The oldest pending job of a user with no live job, started in the
+            -- statement that finds it.
             UPDATE user_exercise_stats_refresh_jobs j
             SET status = 'processing', locked_at = now(), lock_owner = p_lock_owner,
                 attempts = j.attempts + 1, updated_at = now()
@@ -160,7 +223,7 @@ BEGIN
             END IF;
         END IF;
         v_job := started.id;
-        IF started.attempts > v_max_attempts THEN
+        IF started.attempts > settings.max_attempts THEN
             -- Exhausted: the job fails and the database owes its range (trigger).
             UPDATE user_exercise_stats_refresh_jobs j
             SET status = 'failed', error_message = 'attempts exhausted', updated_at = now(),
@@ -191,7 +254,7 @@ BEGIN
             (job_id, user_id, phase, lease_token, lease_until, lock_owner, target_version,
              base_applied_version, from_date, exercise_ids, attempts)
         VALUES (v_job, started.user_id, 'claimed', gen_random_uuid(),
-                now() + make_interval(secs => v_lease_seconds), p_lock_owner,
+                now() + make_interval(secs => settings.lease_seconds), p_lock_owner,
                 started.requested_version,
                 coalesce((SELECT s.applied_version FROM user_stats_refresh_state s
                           WHERE s.user_id = started.user_id), 0),
@@ -222,6 +285,7 @@ DECLARE
     v_versions record;
     v_cursor jsonb;
 BEGIN
+    -- Each answer is one row of the output columns (all null unless set below).
     SELECT r.id, r.job_id, r.user_id, r.phase, r.lease_until <= now() AS expired,
            r.retry_not_before > now() AS backing_off, r.retry_not_before, r.attempts,
            r.from_date, r.exercise_ids, r.payload, txid_current() AS xid,
@@ -232,28 +296,21 @@ BEGIN
     WHERE r.id = p_run_id AND r.lease_token = p_lease_token AND st.id = 1
     FOR UPDATE OF r SKIP LOCKED;
     IF NOT FOUND THEN
-        RETURN QUERY SELECT 'failed', NULL::text, NULL::integer, NULL::integer,
-                            'lease lost or run busy', NULL::timestamptz;
-        RETURN;
+        compute_status := 'failed';
+        compute_reason := 'lease lost or run busy';
+    ELSIF run.payload ? '_batch' THEN
+        compute_status := 'client';
+    ELSIF run.phase = 'computed' THEN
+        compute_status := 'computed';
+    ELSIF run.phase <> 'claimed' THEN
+        compute_status := 'failed';
+        compute_reason := 'run is ' || run.phase;
+    ELSIF run.backing_off THEN
+        compute_status := 'retry_pending';
+        compute_retry_not_before := run.retry_not_before;
     END IF;
-    IF run.payload ? '_batch' THEN
-        RETURN QUERY SELECT 'client', NULL::text, NULL::integer, NULL::integer,
-                            NULL::text, NULL::timestamptz;
-        RETURN;
-    END IF;
-    IF run.phase = 'computed' THEN
-        RETURN QUERY SELECT 'computed', NULL::text, NULL::integer, NULL::integer,
-                            NULL::text, NULL::timestamptz;
-        RETURN;
-    END IF;
-    IF run.phase <> 'claimed' THEN
-        RETURN QUERY SELECT 'failed', NULL::text, NULL::integer, NULL::integer,
-                            'run is ' || run.phase, NULL::timestamptz;
-        RETURN;
-    END IF;
-    IF run.backing_off THEN
-        RETURN QUERY SELECT 'retry_pending', NULL::text, NULL::integer, NULL::integer,
-                            NULL::text, run.retry_not_before;
+    IF compute_status IS NOT NULL THEN
+        RETURN NEXT;
         RETURN;
     END IF;
 
@@ -274,8 +331,9 @@ BEGIN
         SET status = 'failed', error_message = 'attempts exhausted', updated_at = now(),
             completed_at = now()
         WHERE j.id = run.job_id;
-        RETURN QUERY SELECT 'failed', NULL::text, NULL::integer, NULL::integer,
-                            'attempts exhausted', NULL::timestamptz;
+        compute_status := 'failed';
+        compute_reason := 'attempts exhausted';
+        RETURN NEXT;
         RETURN;
     END IF;
 
@@ -317,8 +375,11 @@ BEGIN
                 + extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000,
             retry_not_before = NULL, attempts = v_renewed, error = NULL, finished_at = NULL
         WHERE r.id = p_run_id;
-        RETURN QUERY SELECT 'batch_pending', 'batches', 0, v_total, NULL::text,
-                            NULL::timestamptz;
+        compute_status := 'batch_pending';
+        compute_stage := 'batches';
+        compute_next_offset := 0;
+        compute_total := v_total;
+        RETURN NEXT;
         RETURN;
     END IF;
 
@@ -369,8 +430,9 @@ BEGIN
             + extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000,
         retry_not_before = NULL, attempts = v_renewed, error = NULL, finished_at = NULL
     WHERE r.id = p_run_id;
-    RETURN QUERY SELECT 'computed', NULL::text, NULL::integer, v_total, NULL::text,
-                        NULL::timestamptz;
+    compute_status := 'computed';
+    compute_total := v_total;
+    RETURN NEXT;
 END
 $$;
 
@@ -383,11 +445,11 @@ AS $$
 DECLARE
     run record;
     v_state record;
-    v_reason text;
     v_successor bigint;
     v_applied bigint;
     v_exercises text[];
     v_periods boolean;
+    v_windowed integer;
 BEGIN
     SELECT r.id, r.job_id, r.user_id, r.target_version, r.base_applied_version,
            r.from_date, r.payload
@@ -397,62 +459,76 @@ BEGIN
       AND r.phase = 'computed' AND r.lease_until > now()
     FOR UPDATE;
     IF NOT FOUND THEN
-        RETURN QUERY SELECT 'lease_lost', NULL::bigint, NULL::text;
+        publish_status := 'lease_lost';
+        RETURN NEXT;
         RETURN;
     END IF;
     PERFORM pg_advisory_xact_lock(hashtextextended('stats_publish:' || run.user_id::text, 0));
-    -- The state row, locked for the update below (created when the user has none).
-    SELECT s.requested_version, s.applied_version INTO v_state
-    FROM user_stats_refresh_state s WHERE s.user_id = run.user_id
-    FOR UPDATE;
+
+    -- Public projections and applied_version change together: applied_version moves to
+    -- the run's generation when it is newer than the applied one and the published base
+    -- has not moved (the state row stays locked to the end).
+    UPDATE user_stats_refresh_state s
+    SET applied_version = run.target_version, updated_at = now()
+    WHERE s.user_id = run.user_id
+      AND s.applied_version = run.base_applied_version
+      AND s.applied_version < run.target_version
+    RETURNING s.applied_version INTO v_applied;
     IF NOT FOUND THEN
+        -- The state row, created when the user has none, then why the run cannot publish.
         INSERT INTO user_stats_refresh_state AS s (user_id) VALUES (run.user_id)
         ON CONFLICT (user_id) DO UPDATE SET user_id = EXCLUDED.user_id
         RETURNING s.requested_version, s.applied_version INTO v_state;
-    END IF;
-
-    IF run.target_version <= v_state.applied_version THEN
-        v_reason := format('generation %s is not newer than applied %s',
-                         run.target_version, v_state.applied_version);
-    ELSIF v_state.applied_version <> run.base_applied_version THEN
-        v_reason := 'the published base moved';
-    END IF;
-    IF v_reason IS NOT NULL THEN
-        -- Not published: the run ends and the successor absorbs the job's range.
-        DELETE FROM stats_output_exercise o WHERE o.run_id = p_run_id;
-        DELETE FROM stats_output_period o WHERE o.run_id = p_run_id;
-        UPDATE user_stats_projection_runs r
-        SET phase = 'rejected', error = v_reason, finished_at = now()
-        WHERE r.id = p_run_id;
-        WITH job AS (
-            SELECT j.id, j.user_id, j.from_date, j.exercise_ids, j.requested_version,
-                   coalesce(s.applied_version, 0) AS applied_version
-            FROM user_exercise_stats_refresh_jobs j
-            LEFT JOIN user_stats_refresh_state s ON s.user_id = j.user_id
-            WHERE j.id = run.job_id
-        )
-        SELECT enqueue_user_exercise_stats_refresh_job(
-            job.user_id, 'manual_refresh', job.from_date, job.exercise_ids,
-            'rejected payload rescheduled', 'job:' || job.id,
-            CASE WHEN job.requested_version > job.applied_version THEN job.requested_version
-                 ELSE bump_stats_requested_version(job.user_id) END)
-        INTO v_successor
-        FROM job;
-        UPDATE user_exercise_stats_refresh_jobs j
-        SET status = 'completed', completed_at = now(), updated_at = now(),
-            error_message = 'superseded: ' || v_reason,
-            metadata = j.metadata || jsonb_build_object('superseded_by', v_successor)
-        WHERE j.id = run.job_id;
-        RETURN QUERY SELECT 'rejected', NULL::bigint, v_reason;
-        RETURN;
+        IF run.target_version <= v_state.applied_version THEN
+            publish_reason := format('generation %s is not newer than applied %s',
+                                     run.target_version, v_state.applied_version);
+        ELSIF v_state.applied_version <> run.base_applied_version THEN
+            publish_reason := 'the published base moved';
+        END IF;
+        IF publish_reason IS NOT NULL THEN
+            -- Not published: the run ends and the successor absorbs the job's range.
+            DELETE FROM stats_output_exercise o WHERE o.run_id = p_run_id;
+            DELETE FROM stats_output_period o WHERE o.run_id = p_run_id;
+            UPDATE user_stats_projection_runs r
+            SET phase = 'rejected', error = publish_reason, finished_at = now()
+            WHERE r.id = p_run_id;
+            WITH job AS (
+                SELECT j.id, j.user_id, j.from_date, j.exercise_ids, j.requested_version,
+                       coalesce(s.applied_version, 0) AS applied_version
+                FROM user_exercise_stats_refresh_jobs j
+                LEFT JOIN user_stats_refresh_state s ON s.user_id = j.user_id
+                WHERE j.id = run.job_id
+            )
+            SELECT enqueue_user_exercise_stats_refresh_job(
+                job.user_id, 'manual_refresh', job.from_date, job.exercise_ids,
+                'rejected payload rescheduled', 'job:' || job.id,
+                CASE WHEN job.requested_version > job.applied_version THEN job.requested_version
+                     ELSE bump_stats_requested_version(job.user_id) END)
+            INTO v_successor
+            FROM job;
+            UPDATE user_exercise_stats_refresh_jobs j
+            SET status = 'completed', completed_at = now(), updated_at = now(),
+                error_message = 'superseded: ' || publish_reason,
+                metadata = j.metadata || jsonb_build_object('superseded_by', v_successor)
+            WHERE j.id = run.job_id;
+            publish_status := 'rejected';
+            RETURN NEXT;
+            RETURN;
+        END IF;
+        -- A state row created just now (applied 0, the run's base).
+        UPDATE user_stats_refresh_state s
+        SET applied_version = greatest(s.applied_version, run.target_version),
+            updated_at = now()
+        WHERE s.user_id = run.user_id
+        RETURNING s.applied_version INTO v_applied;
     END IF;
 
     -- The manifest's exercises, and whether the run has private period rows (a manifest
     -- that does not count them may have some).
-    v_exercises := ARRAY(
-        SELECT jsonb_array_elements_text(run.payload -> 'manifest' -> 'exercises'));
     v_periods := coalesce((run.payload -> 'manifest' ->> 'periods')::bigint, 1) > 0;
-    IF cardinality(v_exercises) > 0 THEN
+    IF jsonb_array_length(run.payload -> 'manifest' -> 'exercises') > 0 THEN
+        v_exercises := ARRAY(
+            SELECT jsonb_array_elements_text(run.payload -> 'manifest' -> 'exercises'));
         SET CONSTRAINTS ALL IMMEDIATE;
         DELETE FROM user_exercise_stats e
         WHERE e.user_id = run.user_id AND e.exercise_id = ANY (v_exercises);
@@ -468,6 +544,7 @@ BEGIN
             reps = EXCLUDED.reps, volume = EXCLUDED.volume, heaviest_kg = EXCLUDED.heaviest_kg,
             best_e1rm_kg = EXCLUDED.best_e1rm_kg, first_date = EXCLUDED.first_date,
             last_date = EXCLUDED.last_date, generation = EXCLUDED.generation;
+        DELETE FROM stats_output_exercise o WHERE o.run_id = p_run_id;
     END IF;
     DELETE FROM user_training_period_stats p
     WHERE p.user_id = run.user_id
@@ -483,66 +560,64 @@ BEGIN
         ON CONFLICT (user_id, period, period_start) DO UPDATE
         SET sessions = EXCLUDED.sessions, working_sets = EXCLUDED.working_sets,
             reps = EXCLUDED.reps, volume = EXCLUDED.volume, generation = EXCLUDED.generation;
+        DELETE FROM stats_output_period o WHERE o.run_id = p_run_id;
     END IF;
 
-    -- Public projections and applied_version change together.
-    UPDATE user_stats_refresh_state s
-    SET applied_version = greatest(s.applied_version, run.target_version), updated_at = now()
-    WHERE s.user_id = run.user_id
-    RETURNING s.applied_version INTO v_applied;
-
-    -- The generation's PR overview window (database date -1, 0 and +1), built whole;
-    -- applied_version itself is its publication fence. A user with no facts has three
-    -- headers counting no exercise and no summary.
-    DELETE FROM user_pr_overview_snapshot_headers h
-    WHERE h.user_id = run.user_id AND h.generation <= run.target_version;
-    IF NOT EXISTS (SELECT 1 FROM training_sessions s WHERE s.user_id = run.user_id)
-       AND NOT EXISTS (SELECT 1 FROM user_manual_pr_records m WHERE m.user_id = run.user_id)
-    THEN
-        INSERT INTO user_pr_overview_snapshot_headers
-            (user_id, generation, as_of_date, catalog_epoch, exercise_count)
-        SELECT run.user_id, run.target_version, (stats_clock_date() + d)::date,
-               (SELECT c.catalog_epoch FROM pr_overview_projection_control c WHERE c.id = 1),
-               0
-        FROM generate_series(-1, 1) AS d;
-    ELSE
-    WITH days AS (
-        SELECT (stats_clock_date() + d)::date AS as_of FROM generate_series(-1, 1) AS d
-    ),
-    facts AS (
-        SELECT ts.exercise_id, s.session_date AS day, ts.weight_kg,
-               estimated_one_rep_max(ts.weight_kg, ts.reps) AS e1rm
-        FROM training_sessions s
-        JOIN training_sets ts ON ts.session_id = s.id
-        WHERE s.user_id = run.user_id AND NOT ts.warmup
-        UNION ALL
-        SELECT m.exercise_id, m.recorded_on, m.weight_kg,
-               estimated_one_rep_max(m.weight_kg, m.reps)
-        FROM user_manual_pr_records m
-        WHERE m.user_id = run.user_id
-    ),
-    headers AS (
-        INSERT INTO user_pr_overview_snapshot_headers
-            (user_id, generation, as_of_date, catalog_epoch, exercise_count)
-        SELECT run.user_id, run.target_version, days.as_of,
-               (SELECT c.catalog_epoch FROM pr_overview_projection_control c WHERE c.id = 1),
-               (SELECT count(DISTINCT f.exercise_id) FROM facts f WHERE f.day <= days.as_of)
-        FROM days
-        RETURNING as_of_date
+    -- The generation's PR overview window (database date -1, 0 and +1), built whole,
+    -- replacing the older generations' windows; applied_version itself is its
+    -- publication fence. A user with no facts has three headers counting no exercise
+    -- and no summary; otherwise the headers count and the summaries hold the facts up
+    -- to each date.
+    WITH older AS (
+        DELETE FROM user_pr_overview_snapshot_headers h
+        WHERE h.user_id = run.user_id AND h.generation <= run.target_version
     )
-    INSERT INTO user_pr_exercise_summary_snapshots
-        (user_id, generation, as_of_date, exercise_id, best_e1rm_all_time, best_e1rm_30d,
-         best_e1rm_30d_prior_year, heaviest_kg)
-    SELECT run.user_id, run.target_version, h.as_of_date, f.exercise_id,
-           max(f.e1rm),
-           max(f.e1rm) FILTER (WHERE f.day > h.as_of_date - 30),
-           max(f.e1rm) FILTER (
-               WHERE f.day > (h.as_of_date - interval '1 year')::date - 30
-                 AND f.day <= (h.as_of_date - interval '1 year')::date),
-           max(f.weight_kg)
-    FROM headers h
-    JOIN facts f ON f.day <= h.as_of_date
-    GROUP BY h.as_of_date, f.exercise_id;
+    INSERT INTO user_pr_overview_snapshot_headers
+        (user_id, generation, as_of_date, catalog_epoch, exercise_count)
+    SELECT run.user_id, run.target_version, (stats_clock_date() + d)::date,
+           (SELECT c.catalog_epoch FROM pr_overview_projection_control c WHERE c.id = 1), 0
+    FROM generate_series(-1, 1) AS d
+    WHERE NOT EXISTS (SELECT 1 FROM training_sessions s WHERE s.user_id = run.user_id)
+      AND NOT EXISTS (SELECT 1 FROM user_manual_pr_records m WHERE m.user_id = run.user_id);
+    GET DIAGNOSTICS v_windowed = ROW_COUNT;
+    IF v_windowed = 0 THEN
+        WITH days AS (
+            SELECT (stats_clock_date() + d)::date AS as_of FROM generate_series(-1, 1) AS d
+        ),
+        facts AS (
+            SELECT ts.exercise_id, s.session_date AS day, ts.weight_kg,
+                   estimated_one_rep_max(ts.weight_kg, ts.reps) AS e1rm
+            FROM training_sessions s
+            JOIN training_sets ts ON ts.session_id = s.id
+            WHERE s.user_id = run.user_id AND NOT ts.warmup
+            UNION ALL
+            SELECT m.exercise_id, m.recorded_on, m.weight_kg,
+                   estimated_one_rep_max(m.weight_kg, m.reps)
+            FROM user_manual_pr_records m
+            WHERE m.user_id = run.user_id
+        ),
+        headers AS (
+            INSERT INTO user_pr_overview_snapshot_headers
+                (user_id, generation, as_of_date, catalog_epoch, exercise_count)
+            SELECT run.user_id, run.target_version, days.as_of,
+                   (SELECT c.catalog_epoch FROM pr_overview_projection_control c WHERE c.id = 1),
+                   (SELECT count(DISTINCT f.exercise_id) FROM facts f WHERE f.day <= days.as_of)
+            FROM days
+            RETURNING as_of_date
+        )
+        INSERT INTO user_pr_exercise_summary_snapshots
+            (user_id, generation, as_of_date, exercise_id, best_e1rm_all_time, best_e1rm_30d,
+             best_e1rm_30d_prior_year, heaviest_kg)
+        SELECT run.user_id, run.target_version, h.as_of_date, f.exercise_id,
+               max(f.e1rm),
+               max(f.e1rm) FILTER (WHERE f.day > h.as_of_date - 30),
+               max(f.e1rm) FILTER (
+                   WHERE f.day > (h.as_of_date - interval '1 year')::date - 30
+                     AND f.day <= (h.as_of_date - interval '1 year')::date),
+               max(f.weight_kg)
+        FROM headers h
+        JOIN facts f ON f.day <= h.as_of_date
+        GROUP BY h.as_of_date, f.exercise_id;
     END IF;
     INSERT INTO user_pr_overview_rollover_state AS o
         (user_id, due_at, snapshot_generation, applied_catalog_epoch, window_end,
@@ -561,12 +636,6 @@ BEGIN
         last_success_at = now(),
         updated_at = now();
 
-    IF cardinality(v_exercises) > 0 THEN
-        DELETE FROM stats_output_exercise o WHERE o.run_id = p_run_id;
-    END IF;
-    IF v_periods THEN
-        DELETE FROM stats_output_period o WHERE o.run_id = p_run_id;
-    END IF;
     WITH finished AS (
         UPDATE user_stats_projection_runs r
         SET phase = 'published',
@@ -577,7 +646,9 @@ BEGIN
     UPDATE user_exercise_stats_refresh_jobs j
     SET status = 'completed', completed_at = now(), updated_at = now(), error_message = NULL
     WHERE j.id = run.job_id;
-    RETURN QUERY SELECT 'published', v_applied, NULL::text;
+    publish_status := 'published';
+    publish_applied_version := v_applied;
+    RETURN NEXT;
 END
 $$;
 

@@ -15,8 +15,10 @@ and the caller's commit is left as it is.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import select
+import socket
 import threading
 import time
 import weakref
@@ -27,8 +29,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg import pq
-from psycopg.adapt import Transformer
+from psycopg import abc, adapt, pq
 
 from inventory_pipeline.db.connection import Connection, Row, _translated, translate_errors
 from inventory_pipeline.db.errors import DatabaseError
@@ -89,9 +90,39 @@ class ArmedCall:
     async_commit: bool = False
 
 
-# One set of prepared statement names per connection.
-_prepared: weakref.WeakKeyDictionary[Connection, set[bytes]] = weakref.WeakKeyDictionary()
-_prepared_lock = threading.Lock()
+class _Session:
+    """What armed calls keep per connection: the statements prepared on it, a loader of
+    its rows, and (over TCP) a handle on its socket to send a round in one segment."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.prepared: set[bytes] = set()
+        self.loader: abc.Transformer = adapt.Transformer(conn)
+        self.socket = _tcp_socket(conn.pgconn.socket)
+        if self.socket is not None:
+            weakref.finalize(conn, self.socket.close)
+
+    def cork(self, on: bool) -> None:
+        """Hold the round's messages until the last one is written (libpq writes out each
+        sync as it is added), so the server receives the round at once."""
+        if self.socket is not None and _TCP_CORK is not None:
+            self.socket.setsockopt(socket.IPPROTO_TCP, _TCP_CORK, int(on))
+
+
+_TCP_CORK: int | None = getattr(socket, "TCP_CORK", None)
+
+
+def _tcp_socket(fd: int) -> socket.socket | None:
+    if _TCP_CORK is None:
+        return None
+    handle = socket.socket(fileno=os.dup(fd))
+    if handle.family not in (socket.AF_INET, socket.AF_INET6):
+        handle.close()
+        return None
+    return handle
+
+
+_sessions: weakref.WeakKeyDictionary[Connection, _Session] = weakref.WeakKeyDictionary()
+_sessions_lock = threading.Lock()
 _statements: dict[str, Statement] = {}
 
 
@@ -102,12 +133,17 @@ def _statement(query: str) -> Statement:
     return found
 
 
-def _prepared_on(conn: Connection) -> set[bytes]:
-    with _prepared_lock:
-        names = _prepared.get(conn)
-        if names is None:
-            names = _prepared[conn] = set()
-        return names
+def _session(conn: Connection) -> _Session:
+    with _sessions_lock:
+        found = _sessions.get(conn)
+        if found is None:
+            found = _sessions[conn] = _Session(conn)
+        return found
+
+
+def _forget(conn: Connection) -> None:
+    with _sessions_lock:
+        _sessions.pop(conn, None)
 
 
 def call_armed(conn: Connection, calls: Sequence[ArmedCall]) -> list[Row | DatabaseError | None]:
@@ -115,7 +151,7 @@ def call_armed(conn: Connection, calls: Sequence[ArmedCall]) -> list[Row | Datab
     when it returned none) or the error it failed with, which rolled back that call
     only. A session lost on the way raises DatabaseUnavailable and closes the
     connection. Inside the caller's transaction the calls run one by one in savepoints."""
-    if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+    if conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
         return [_in_savepoint(conn, call) for call in calls]
     answers = _call_round(conn, calls)
     lost = [i for i, answer in enumerate(answers) if _unprepared(answer)]
@@ -123,8 +159,7 @@ def call_armed(conn: Connection, calls: Sequence[ArmedCall]) -> list[Row | Datab
         # The statements were deallocated since they were prepared (psycopg sends
         # DEALLOCATE ALL after a rollback on a connection where it prepared its own):
         # a call whose statement was missing did nothing, so it is sent again.
-        with _prepared_lock:
-            _prepared.pop(conn, None)
+        _session(conn).prepared.clear()
         again = _call_round(conn, [calls[i] for i in lost])
         for i, answer in zip(lost, again, strict=True):
             answers[i] = answer
@@ -137,21 +172,21 @@ def _unprepared(answer: Row | DatabaseError | None) -> bool:
 
 def _call_round(conn: Connection, calls: Sequence[ArmedCall]) -> list[Row | DatabaseError | None]:
     messages = [_messages(call) for call in calls]
+    session = _session(conn)
     started = time.perf_counter()
     failure: psycopg.Error | None = None
     with conn.lock:
         try:
-            results = _round(conn, messages)
+            results = _round(conn.pgconn, session, messages)
         except psycopg.Error as exc:
             failure = exc
     if failure is not None:
         # A pipeline left half read cannot be used again.
-        with _prepared_lock:
-            _prepared.pop(conn, None)
+        _forget(conn)
         conn.close()
         raise _translated(failure, (time.perf_counter() - started) * 1000) from failure
     elapsed_ms = (time.perf_counter() - started) * 1000
-    return [_answer(conn, result, elapsed_ms) for result in results]
+    return [_answer(conn, session.loader, result, elapsed_ms) for result in results]
 
 
 def fetch_one_armed(
@@ -191,7 +226,7 @@ def _messages(call: ArmedCall) -> _Messages:
 
 
 def _answer(
-    conn: Connection, results: list[pq.abc.PGresult], elapsed_ms: float
+    conn: Connection, loader: abc.Transformer, results: list[pq.abc.PGresult], elapsed_ms: float
 ) -> Row | DatabaseError | None:
     """The first row of a call's last statement, or the first error among its results."""
     for result in results:
@@ -201,32 +236,36 @@ def _answer(
     last = results[-1]
     if last.ntuples == 0:
         return None
-    loader = Transformer(conn)
     loader.set_pgresult(last)
     values = loader.load_row(0, tuple)
     return {(last.fname(i) or b"").decode(): values[i] for i in range(last.nfields)}
 
 
-def _round(conn: Connection, calls: Sequence[_Messages]) -> list[list[pq.abc.PGresult]]:
+def _round(
+    pg: pq.abc.PGconn, session: _Session, calls: Sequence[_Messages]
+) -> list[list[pq.abc.PGresult]]:
     """Send every call (preparing what this connection has not prepared yet), then read
     each call's results up to its sync. A statement whose preparation failed is
     prepared again next time."""
-    pg = conn.pgconn
-    prepared = _prepared_on(conn)
+    prepared = session.prepared
     pg.enter_pipeline_mode()
     preparing: list[list[bytes | None]] = []
-    for messages in calls:
-        names: list[bytes | None] = []  # per result: the name it prepares, or None
-        for statement, values in messages:
-            if statement.name not in prepared:
-                pg.send_prepare(statement.name, statement.text)
-                prepared.add(statement.name)
-                names.append(statement.name)
-            pg.send_query_prepared(statement.name, values)
-            names.append(None)
-        pg.pipeline_sync()
-        preparing.append(names)
-    _flush(pg)
+    session.cork(True)
+    try:
+        for messages in calls:
+            names: list[bytes | None] = []  # per result: the name it prepares, or None
+            for statement, values in messages:
+                if statement.name not in prepared:
+                    pg.send_prepare(statement.name, statement.text)
+                    prepared.add(statement.name)
+                    names.append(statement.name)
+                pg.send_query_prepared(statement.name, values)
+                names.append(None)
+            pg.pipeline_sync()
+            preparing.append(names)
+        _flush(pg)
+    finally:
+        session.cork(False)
     answers = []
     for names in preparing:
         results = _read_until_sync(pg, len(names))

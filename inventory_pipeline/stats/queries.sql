@@ -178,11 +178,11 @@ DELETE FROM stats_output_period WHERE run_id = %(run_id)s;
 
 -- name: save_run
 UPDATE user_stats_projection_runs
-SET phase = %(phase)s, payload = %(payload)s, compute_ms = compute_ms + %(elapsed_ms)s,
+SET phase = %(phase)s::text, payload = %(payload)s, compute_ms = compute_ms + %(elapsed_ms)s,
     retry_not_before = CASE WHEN %(retry_seconds)s::integer IS NULL THEN NULL
                             ELSE now() + make_interval(secs => %(retry_seconds)s) END,
     attempts = %(attempts)s, error = %(error)s,
-    finished_at = CASE WHEN %(phase)s IN ('failed', 'rejected') THEN now() END
+    finished_at = CASE WHEN %(phase)s::text IN ('failed', 'rejected') THEN now() END
 WHERE id = %(run_id)s
 RETURNING retry_not_before;
 
