@@ -15,10 +15,8 @@ and the caller's commit is left as it is.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import select
-import socket
 import threading
 import time
 import weakref
@@ -91,34 +89,12 @@ class ArmedCall:
 
 
 class _Session:
-    """What armed calls keep per connection: the statements prepared on it, a loader of
-    its rows, and (over TCP) a handle on its socket to send a round in one segment."""
+    """What armed calls keep per connection: the statements prepared on it and a loader
+    of its rows."""
 
     def __init__(self, conn: Connection) -> None:
         self.prepared: set[bytes] = set()
         self.loader: abc.Transformer = adapt.Transformer(conn)
-        self.socket = _tcp_socket(conn.pgconn.socket)
-        if self.socket is not None:
-            weakref.finalize(conn, self.socket.close)
-
-    def cork(self, on: bool) -> None:
-        """Hold the round's messages until the last one is written (libpq writes out each
-        sync as it is added), so the server receives the round at once."""
-        if self.socket is not None and _TCP_CORK is not None:
-            self.socket.setsockopt(socket.IPPROTO_TCP, _TCP_CORK, int(on))
-
-
-_TCP_CORK: int | None = getattr(socket, "TCP_CORK", None)
-
-
-def _tcp_socket(fd: int) -> socket.socket | None:
-    if _TCP_CORK is None:
-        return None
-    handle = socket.socket(fileno=os.dup(fd))
-    if handle.family not in (socket.AF_INET, socket.AF_INET6):
-        handle.close()
-        return None
-    return handle
 
 
 _sessions: weakref.WeakKeyDictionary[Connection, _Session] = weakref.WeakKeyDictionary()
@@ -250,22 +226,18 @@ def _round(
     prepared = session.prepared
     pg.enter_pipeline_mode()
     preparing: list[list[bytes | None]] = []
-    session.cork(True)
-    try:
-        for messages in calls:
-            names: list[bytes | None] = []  # per result: the name it prepares, or None
-            for statement, values in messages:
-                if statement.name not in prepared:
-                    pg.send_prepare(statement.name, statement.text)
-                    prepared.add(statement.name)
-                    names.append(statement.name)
-                pg.send_query_prepared(statement.name, values)
-                names.append(None)
-            pg.pipeline_sync()
-            preparing.append(names)
-        _flush(pg)
-    finally:
-        session.cork(False)
+    for messages in calls:
+        names: list[bytes | None] = []  # per result: the name it prepares, or None
+        for statement, values in messages:
+            if statement.name not in prepared:
+                pg.send_prepare(statement.name, statement.text)
+                prepared.add(statement.name)
+                names.append(statement.name)
+            pg.send_query_prepared(statement.name, values)
+            names.append(None)
+        pg.pipeline_sync()
+        preparing.append(names)
+    _flush(pg)
     answers = []
     for names in preparing:
         results = _read_until_sync(pg, len(names))
