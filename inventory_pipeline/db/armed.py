@@ -62,17 +62,35 @@ class Statement:
         return [_text(params[name]) for name in self.params]
 
 
+def _encoded(value: Any) -> bytes:
+    return str(value).encode()
+
+
+def _iso(value: date | datetime) -> bytes:
+    return value.isoformat().encode()
+
+
+# A parameter's text input form by its type (the server takes the type from the
+# statement); bool before int, since True is an int.
+_TEXT: dict[type, Any] = {
+    str: str.encode,
+    UUID: _encoded,
+    int: _encoded,
+    float: _encoded,
+    bool: lambda value: b"t" if value else b"f",
+    date: _iso,
+    datetime: _iso,
+}
+
+
 def _text(value: Any) -> bytes | None:
     """A parameter in the server's text input form (its type comes from the statement)."""
     if value is None:
         return None
-    if isinstance(value, bool):
-        return b"t" if value else b"f"
-    if isinstance(value, int | float | UUID | date | datetime):
-        return (value.isoformat() if isinstance(value, date | datetime) else str(value)).encode()
-    if isinstance(value, str):
-        return value.encode()
-    raise TypeError(f"cannot send a {type(value).__name__} to an armed call")
+    encode = _TEXT.get(type(value))
+    if encode is None:
+        raise TypeError(f"cannot send a {type(value).__name__} to an armed call")
+    return encode(value)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -95,6 +113,13 @@ class _Session:
     def __init__(self, conn: Connection) -> None:
         self.prepared: set[bytes] = set()
         self.loader: abc.Transformer = adapt.Transformer(conn)
+
+    def row(self, result: pq.abc.PGresult) -> Row:
+        """The first row of `result` as a dict."""
+        self.loader.set_pgresult(result)
+        values = self.loader.load_row(0, tuple)
+        names = [(result.fname(i) or b"").decode() for i in range(result.nfields)]
+        return dict(zip(names, values, strict=True))
 
 
 _sessions: weakref.WeakKeyDictionary[Connection, _Session] = weakref.WeakKeyDictionary()
@@ -162,7 +187,7 @@ def _call_round(conn: Connection, calls: Sequence[ArmedCall]) -> list[Row | Data
         conn.close()
         raise _translated(failure, (time.perf_counter() - started) * 1000) from failure
     elapsed_ms = (time.perf_counter() - started) * 1000
-    return [_answer(conn, session.loader, result, elapsed_ms) for result in results]
+    return [_answer(conn, session, result, elapsed_ms) for result in results]
 
 
 def fetch_one_armed(
@@ -202,7 +227,7 @@ def _messages(call: ArmedCall) -> _Messages:
 
 
 def _answer(
-    conn: Connection, loader: abc.Transformer, results: list[pq.abc.PGresult], elapsed_ms: float
+    conn: Connection, session: _Session, results: list[pq.abc.PGresult], elapsed_ms: float
 ) -> Row | DatabaseError | None:
     """The first row of a call's last statement, or the first error among its results."""
     for result in results:
@@ -210,11 +235,7 @@ def _answer(
             error = psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
             return _translated(error, elapsed_ms)
     last = results[-1]
-    if last.ntuples == 0:
-        return None
-    loader.set_pgresult(last)
-    values = loader.load_row(0, tuple)
-    return {(last.fname(i) or b"").decode(): values[i] for i in range(last.nfields)}
+    return session.row(last) if last.ntuples else None
 
 
 def _round(
