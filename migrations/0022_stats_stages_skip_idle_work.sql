@@ -71,6 +71,30 @@ ALTER TABLE user_stats_refresh_state
     DROP CONSTRAINT user_stats_refresh_state_requested_version_check,
     DROP CONSTRAINT user_stats_refresh_state_applied_version_check;
 
+-- Lease slots: every active lease holds one of the cap's slots (numbered from 1), so
+-- claims that fill different slots never wait for one another; they used to take one
+-- turn, each holding it until its commit. The runs active now take the lowest slots.
+ALTER TABLE user_stats_projection_runs ADD COLUMN lease_slot integer;
+UPDATE user_stats_projection_runs r
+SET lease_slot = numbered.slot
+FROM (SELECT r2.id, row_number() OVER (ORDER BY r2.id) AS slot
+      FROM user_stats_projection_runs r2
+      WHERE r2.phase IN ('claimed', 'computed')
+        AND stats_run_is_active(r2.phase, r2.lease_until, r2.retry_not_before)) AS numbered
+WHERE r.id = numbered.id;
+
+-- Is a slot held by an active lease? (Called in a statement of its own after the slot's
+-- lock: its snapshot sees every lease committed into the slot.)
+CREATE FUNCTION stats_lease_slot_held(p_slot integer) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM user_stats_projection_runs r
+        WHERE r.phase IN ('claimed', 'computed')
+          AND stats_run_is_active(r.phase, r.lease_until, r.retry_not_before)
+          AND r.lease_slot = p_slot)
+$$;
+
 DROP FUNCTION stats_claim_stage(text, uuid, boolean);
 
 CREATE FUNCTION stats_claim_stage(
@@ -92,39 +116,40 @@ DECLARE
     owed record;
     v_job bigint;
     v_revived boolean;
+    v_slot integer;
     tries integer := 0;
 BEGIN
     SELECT st.paused, st.active_lease_cap, st.lease_seconds, st.max_attempts,
-           p_after_run IS NOT NULL AND EXISTS (
-               SELECT 1 FROM user_stats_projection_runs r
-               WHERE r.id = p_after_run AND r.phase IN ('claimed', 'computed')) AS after_open
+           coalesce(previous.phase IN ('claimed', 'computed'), false) AS after_open,
+           previous.lease_slot AS after_slot
     INTO settings
-    FROM stats_projection_worker_settings st WHERE st.id = 1;
+    FROM stats_projection_worker_settings st
+    LEFT JOIN user_stats_projection_runs previous ON previous.id = p_after_run
+    WHERE st.id = 1;
     -- Paused, or the caller's previous run still holds its lease (no second one).
     IF settings.paused OR settings.after_open THEN
         RETURN;
     END IF;
-    -- Claims that may start a lease take turns until their commit; the read of the live
-    -- runs that follows (a statement of its own: a fresh snapshot) sees every committed
-    -- lease.
-    IF NOT pg_try_advisory_xact_lock(hashtextextended('stats_lease_slots', 0)) THEN
-        IF NOT p_wait THEN
-            RETURN;
-        END IF;
-        BEGIN
-            PERFORM pg_advisory_xact_lock(hashtextextended('stats_lease_slots', 0));
-        EXCEPTION WHEN query_canceled THEN
-            RETURN;  -- the turn did not come within the claim budget
-        END;
+    -- Every lease holds one of the cap's slots, numbered from 1. A claim locks the slot
+    -- it means to fill until its commit; a claim taking another slot never waits for
+    -- it. First the slot of the caller's previous run (free now that the run ended),
+    -- else the lowest slot no other claim is taking.
+    IF settings.after_slot BETWEEN 1 AND settings.active_lease_cap
+       AND pg_try_advisory_xact_lock(hashtext('stats_lease_slots'), settings.after_slot) THEN
+        v_slot := settings.after_slot;
+    ELSE
+        FOR s IN 1 .. settings.active_lease_cap LOOP
+            IF pg_try_advisory_xact_lock(hashtext('stats_lease_slots'), s) THEN
+                v_slot := s;
+                EXIT;
+            END IF;
+        END LOOP;
     END IF;
-    -- The active leases (counted up to the cap), and whether a run is due to resume or
-    -- a dead worker's run waits to be revived: `now()` is this transaction's start, so
-    -- what is due cannot change while the claim runs.
-    SELECT (SELECT count(*)
-            FROM (SELECT FROM user_stats_projection_runs r
-                  WHERE r.phase IN ('claimed', 'computed')
-                    AND stats_run_is_active(r.phase, r.lease_until, r.retry_not_before)
-                  LIMIT settings.active_lease_cap) AS active) AS active,
+    -- In a fresh snapshot taken after that lock: the active leases (read up to the cap:
+    -- below it, all of them) and the slots they hold, and whether a run is due to resume or a dead worker's run
+    -- waits to be revived (`now()` is this transaction's start, so what is due cannot
+    -- change while the claim runs).
+    SELECT leases.active, leases.held,
            EXISTS (SELECT 1 FROM user_stats_projection_runs r
                    WHERE r.phase IN ('claimed', 'computed')
                      AND (r.retry_not_before <= now()
@@ -136,9 +161,49 @@ BEGIN
                      AND r.retry_not_before IS NULL
                      AND NOT (r.phase = 'claimed' AND r.payload ? '_batch')
                      AND (p_user_id IS NULL OR r.user_id = p_user_id)) AS dead
-    INTO live;
+    INTO live
+    FROM (SELECT count(*) AS active, coalesce(array_agg(a.lease_slot), '{}') AS held
+          FROM (SELECT r.lease_slot FROM user_stats_projection_runs r
+                WHERE r.phase IN ('claimed', 'computed')
+                  AND stats_run_is_active(r.phase, r.lease_until, r.retry_not_before)
+                LIMIT settings.active_lease_cap) AS a) AS leases;
     IF live.active >= settings.active_lease_cap THEN
         RETURN;
+    END IF;
+    IF v_slot IS NULL OR v_slot = ANY (live.held) THEN
+        -- The slot locked first is held by a lease: the lowest free one no other claim
+        -- is taking, confirmed free in a snapshot after its lock (a claim that filled it
+        -- since committed while holding that lock).
+        v_slot := NULL;
+        FOR s IN 1 .. settings.active_lease_cap LOOP
+            CONTINUE WHEN s = ANY (live.held)
+                OR NOT pg_try_advisory_xact_lock(hashtext('stats_lease_slots'), s);
+            IF NOT stats_lease_slot_held(s) THEN
+                v_slot := s;
+                EXIT;
+            END IF;
+        END LOOP;
+    END IF;
+    IF v_slot IS NULL THEN
+        -- Every free slot is being taken by another claim right now: wait for the lowest
+        -- (within the claim budget; without waiting, nothing is claimed).
+        IF NOT p_wait THEN
+            RETURN;
+        END IF;
+        SELECT min(s) INTO v_slot
+        FROM generate_series(1, settings.active_lease_cap) AS s
+        WHERE s <> ALL (live.held);
+        IF v_slot IS NULL THEN
+            RETURN;
+        END IF;
+        BEGIN
+            PERFORM pg_advisory_xact_lock(hashtext('stats_lease_slots'), v_slot);
+        EXCEPTION WHEN query_canceled OR deadlock_detected THEN
+            RETURN;  -- the slot did not come free within the claim budget
+        END;
+        IF stats_lease_slot_held(v_slot) THEN
+            RETURN;
+        END IF;
     END IF;
 
     IF live.resumable THEN
@@ -161,7 +226,7 @@ BEGIN
                                                   AND r.lease_until <= now() THEN 1 ELSE 0 END,
                 retry_not_before = NULL,
                 lease_until = now() + make_interval(secs => settings.lease_seconds),
-                lock_owner = p_lock_owner
+                lock_owner = p_lock_owner, lease_slot = v_slot
             WHERE r.id = candidate.id
             RETURNING r.id, r.job_id, r.user_id, r.lease_token, r.target_version,
                       r.base_applied_version, r.from_date, r.exercise_ids;
@@ -252,13 +317,13 @@ BEGIN
         RETURN QUERY
         INSERT INTO user_stats_projection_runs AS r
             (job_id, user_id, phase, lease_token, lease_until, lock_owner, target_version,
-             base_applied_version, from_date, exercise_ids, attempts)
+             base_applied_version, from_date, exercise_ids, attempts, lease_slot)
         VALUES (v_job, started.user_id, 'claimed', gen_random_uuid(),
                 now() + make_interval(secs => settings.lease_seconds), p_lock_owner,
                 started.requested_version,
                 coalesce((SELECT s.applied_version FROM user_stats_refresh_state s
                           WHERE s.user_id = started.user_id), 0),
-                started.from_date, started.exercise_ids, started.attempts)
+                started.from_date, started.exercise_ids, started.attempts, v_slot)
         RETURNING r.id, r.job_id, r.user_id, r.lease_token, r.target_version,
                   r.base_applied_version, r.from_date, r.exercise_ids;
         RETURN;

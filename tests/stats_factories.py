@@ -128,3 +128,13 @@ def expire_run(conn: Connection, run_id: int, lease_token: uuid.UUID) -> None:
             " WHERE id = %s",
             (run_id,),
         )
+
+
+def hold_lease_slots(conn: Connection) -> None:
+    """In the caller's transaction, lock every lease slot as a claim filling it would:
+    a claim made meanwhile finds no slot it can take."""
+    execute(
+        conn,
+        "SELECT pg_advisory_xact_lock(hashtext('stats_lease_slots'), s)"
+        " FROM stats_projection_worker_settings, generate_series(1, active_lease_cap) AS s",
+    )

@@ -149,15 +149,37 @@ def test_a_resumed_run_respects_the_cap(conn: Connection, db_url: str) -> None:
     assert processors.worker_status(conn)["active_leases"] == 3
 
 
-def test_a_claim_waits_for_its_turn_at_most_its_budget(conn: Connection, db_url: str) -> None:
-    """Another claim holding the turn to count leases (a scoped processor's claim stays
-    uncommitted through its compute): the worker's claim gives up after its budget, the
-    scoped processor at once, neither with an error."""
+def test_a_claim_waits_for_a_slot_at_most_its_budget(conn: Connection, db_url: str) -> None:
+    """Other claims are taking every free lease slot (a scoped processor's claim stays
+    uncommitted through its compute): the worker's claim waits for one for at most its
+    budget, the scoped processor not at all, and neither fails."""
     [user] = users_with_work(conn, 1)
     execute(conn, "UPDATE stats_projection_worker_settings SET claim_budget_ms = 300")
     with connect(db_url) as holder, holder.transaction():
-        execute(holder, "SELECT pg_advisory_xact_lock(hashtextextended('stats_lease_slots', 0))")
+        sf.hold_lease_slots(holder)
+        started = time.monotonic()
         assert service.claim(conn, "w") is None
+        assert time.monotonic() - started >= 0.3
         assert processors.process_user(conn, user, "app").outcome == "idle"
     assert [j["status"] for j in sf.jobs(conn, user)] == ["pending"]
     assert service.claim(conn, "w") is not None
+
+
+def test_claims_filling_different_slots_do_not_wait_for_each_other(
+    conn: Connection, db_url: str
+) -> None:
+    """A claim holding one lease slot uncommitted (a scoped processor's claim through its
+    compute) does not hold up a claim that can fill another: under cap 2 the worker
+    claims the second slot at once; a third claim can only wait for the slot the scoped
+    claim is filling, and gives up after its budget."""
+    first, second, _ = users_with_work(conn, 3)
+    execute(conn, "UPDATE stats_projection_worker_settings SET claim_budget_ms = 300")
+    with connect(db_url) as scoped, scoped.transaction():
+        held = service.claim(scoped, "app", first, wait=False)
+        assert held is not None
+        started = time.monotonic()
+        taken = service.claim(conn, "w")
+        assert taken is not None and taken.user_id == second
+        assert time.monotonic() - started < 0.3  # it never waited for the scoped claim
+        assert service.claim(conn, "w") is None
+    assert live_runs(conn) == 2

@@ -34,7 +34,6 @@ from inventory_pipeline.stats.models import StatsClaim
 from tests import stats_factories as sf
 
 D = date(2026, 3, 10)
-LEASE_SLOTS = "SELECT pg_advisory_xact_lock(hashtextextended('stats_lease_slots', 0))"
 
 
 def wait_for_lock_wait(conn: Connection, pid: int) -> None:
@@ -49,14 +48,15 @@ def wait_for_lock_wait(conn: Connection, pid: int) -> None:
 def test_a_session_ended_during_a_stage_call_leaves_a_cleanly_failing_connection(
     conn: Connection, db_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The claim waits for its turn at the lease slots when its session is terminated:
+    """The claim waits for a lease slot (every one is being taken) when its session is
+    terminated:
     the claim raises DatabaseUnavailable, nothing else is logged, and the connection's
     next use raises DatabaseUnavailable too (not a driver error about pipeline mode)."""
     sf.exercise(conn, "squat")
     sf.save(conn, uuid.uuid4(), D, sf.sets(("squat", 100, 5)))
     errors: list[BaseException] = []
     with connect(db_url) as worker, connect(db_url) as holder, holder.transaction():
-        execute(holder, LEASE_SLOTS)
+        sf.hold_lease_slots(holder)
         row = fetch_one(worker, "SELECT pg_backend_pid() AS pid")
         assert row is not None
         pid = int(row["pid"])
