@@ -40,15 +40,27 @@ CREATE DOMAIN stats_attempt_count AS integer;
 CREATE DOMAIN stats_generation AS bigint;
 
 -- The owed-range trigger's condition names the status column: it is dropped for the
--- type change and created again as it was.
+-- type change and created again. Its condition, like a CHECK, is read and planned again
+-- by every statement that updates a job's status, so it keeps only the new status; the
+-- function checks the old one.
 DROP TRIGGER user_exercise_stats_refresh_jobs_owe_failed ON user_exercise_stats_refresh_jobs;
 ALTER TABLE user_exercise_stats_refresh_jobs
     ALTER COLUMN status TYPE stats_job_status,
     ALTER COLUMN attempts TYPE stats_attempt_count;
+CREATE OR REPLACE FUNCTION stats_owe_failed_range() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF OLD.status IS DISTINCT FROM 'failed' THEN
+        PERFORM stats_owe_range(NEW.user_id, NEW.from_date, NEW.exercise_ids, NEW.id);
+    END IF;
+    RETURN NULL;
+END
+$$;
 CREATE TRIGGER user_exercise_stats_refresh_jobs_owe_failed
     AFTER UPDATE OF status ON user_exercise_stats_refresh_jobs
     FOR EACH ROW
-    WHEN (NEW.status = 'failed' AND OLD.status IS DISTINCT FROM 'failed')
+    WHEN (NEW.status = 'failed')
     EXECUTE FUNCTION stats_owe_failed_range();
 ALTER TABLE user_stats_projection_runs ALTER COLUMN phase TYPE stats_run_phase;
 ALTER TABLE user_stats_refresh_state
@@ -717,4 +729,7 @@ BEGIN
 END
 $$;
 
-REVOKE ALL ON FUNCTION stats_claim_stage(text, uuid, boolean, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION
+    stats_claim_stage(text, uuid, boolean, bigint),
+    stats_lease_slot_held(integer)
+FROM PUBLIC;
