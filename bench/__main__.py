@@ -4,18 +4,22 @@ Every figure is a ratio measured in the same run against a baseline or a peer (o
 absolute time against its goal). `--smoke` runs tiny sizes to prove the benchmarks still
 work (CI); its figures mean nothing. `--scale` adds the large sizes (100k libraries, 10M
 items, 100k users), which take minutes. `--markdown` writes the figures as a table;
-benches with curves draw PNGs into `--plots` (default bench/plots/).
+benches with curves draw PNGs into `--plots` (default bench/plots/; a smoke run's
+pictures, which mean nothing, go to a temporary directory removed after the run, so that
+CI never overwrites the pictures BENCHMARKS.md links).
 Exits non-zero only when a benchmark cannot run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import platform
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from bench import (
@@ -78,12 +82,28 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", choices=sorted(BENCHES), help="run only these")
     parser.add_argument("--markdown", type=Path, help="also write the figures to this file")
     parser.add_argument(
-        "--plots", type=Path, default=Path("bench/plots"), help="where benches draw PNGs"
+        "--plots",
+        type=Path,
+        help="where benches draw PNGs (default bench/plots/; a temporary one with --smoke)",
     )
     args = parser.parse_args()
     size = Size.SMOKE if args.smoke else Size.SCALE if args.scale else Size.DEFAULT
-    mode = Mode(size=size, plots=args.plots)
-    names = args.only or list(BENCHES)
+    with plots_directory(args.plots, size) as plots:
+        return run(Mode(size=size, plots=plots), args.only or list(BENCHES), args.markdown)
+
+
+@contextlib.contextmanager
+def plots_directory(chosen: Path | None, size: Size) -> Iterator[Path]:
+    """Where the run's pictures go: the chosen directory, else bench/plots/, except that
+    a smoke run's pictures go to a temporary directory removed after it."""
+    if chosen is not None or size is not Size.SMOKE:
+        yield chosen or Path("bench/plots")
+        return
+    with tempfile.TemporaryDirectory(prefix="inventory-bench-plots-") as scratch:
+        yield Path(scratch)
+
+
+def run(mode: Mode, names: list[str], markdown_file: Path | None) -> int:
     results: dict[str, list[Figure]] = {}
     with server_url() as admin_url:
         with connect(admin_url) as conn:
@@ -94,8 +114,8 @@ def main() -> int:
             results[name] = BENCHES[name](admin_url, mode)
             for figure in results[name]:
                 print(figure.line(), flush=True)
-    if args.markdown:
-        args.markdown.write_text(markdown(results, server))
+    if markdown_file:
+        markdown_file.write_text(markdown(results, server))
     return 0
 
 
