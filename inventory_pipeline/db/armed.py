@@ -181,6 +181,12 @@ def _call_round(conn: Connection, calls: Sequence[ArmedCall]) -> list[Row | Data
             results = _round(conn.pgconn, session, messages)
         except psycopg.Error as exc:
             failure = exc
+        except BaseException:
+            # Interrupted (a run's termination, a signal): the pipeline is half read
+            # and the connection cannot be used again.
+            _forget(conn)
+            conn.close()
+            raise
     if failure is not None:
         # A pipeline left half read cannot be used again.
         _forget(conn)
@@ -261,11 +267,12 @@ def _round(
     _flush(pg)
     answers = []
     for names in preparing:
-        results = _read_until_sync(pg, len(names))
+        results, commit_error = _read_until_sync(pg, len(names))
         for name, result in zip(names, results, strict=True):
             if name is not None and result.status != pq.ExecStatus.COMMAND_OK:
                 prepared.discard(name)
-        answers.append(results)
+        # A failed commit is the call's error (its statements' results came first).
+        answers.append(results if commit_error is None else [commit_error, *results])
     pg.exit_pipeline_mode()
     return answers
 
@@ -284,9 +291,12 @@ def _next_result(pg: pq.abc.PGconn) -> pq.abc.PGresult | None:
     return pg.get_result()
 
 
-def _read_until_sync(pg: pq.abc.PGconn, count: int) -> list[pq.abc.PGresult]:
+def _read_until_sync(
+    pg: pq.abc.PGconn, count: int
+) -> tuple[list[pq.abc.PGresult], pq.abc.PGresult | None]:
     """The results of `count` messages (an aborted one's stands for it), each ended by
-    an empty result, then the sync that ends their transaction."""
+    an empty result, then the sync that ends their transaction; and the error of a
+    commit that failed at the sync (a deferred constraint), which comes before it."""
     results: list[pq.abc.PGresult] = []
     for _ in range(count):
         result = _next_result(pg)
@@ -294,9 +304,15 @@ def _read_until_sync(pg: pq.abc.PGconn, count: int) -> list[pq.abc.PGresult]:
             raise psycopg.OperationalError("the pipeline's results are out of step")
         results.append(result)
     sync = _next_result(pg)
+    commit_error = None
+    if sync is not None and sync.status == pq.ExecStatus.FATAL_ERROR:
+        commit_error = sync
+        sync = _next_result(pg)
+        if sync is None:
+            sync = _next_result(pg)
     if sync is None or sync.status != pq.ExecStatus.PIPELINE_SYNC:
         raise psycopg.OperationalError("the pipeline lost its sync")
-    return results
+    return results, commit_error
 
 
 def _wait(pg: pq.abc.PGconn, *, write: bool) -> tuple[bool, bool]:

@@ -28,13 +28,13 @@ def claim(
     revive a dead worker's job under a new lease at once, or start the oldest pending
     job of a user with no live job. None while paused, at the cap of active leases (a
     run waiting out a retry does not hold a slot), when nothing is claimable, or when
-    the turn to count leases did not come within the claim budget (or at once, without
-    `wait`). One server-side call; a start the one-live-job index refused (another
-    claim won the user after this one's check) rolls that call back whole and the call
-    is made again: its fresh snapshot sees the winner's job and passes that user by.
-    With `after_run` (the caller's previous run), nothing is claimed while that run is
-    still claimed or computed. `answered` gives the first call's answer when the caller
-    made that call in a round trip of its own."""
+    no lease slot came free within the claim budget (or at once, without `wait`). One
+    server-side call; a start the one-live-job index refused (another claim won the user
+    after this one's check) rolls that call back whole and the call is made again: its
+    fresh snapshot sees the winner's job and passes that user by. With `after_run` (the
+    caller's previous run), nothing is claimed while that run is still claimed or
+    computed. `answered` gives the first call's answer when the caller made that call in
+    a round trip of its own."""
 
     def call() -> StatsClaim | None:
         return repo.claim_stage(conn, lock_owner, user_id, wait, after_run)

@@ -14,19 +14,24 @@ FROM stats_projection_worker_settings WHERE id = 1;
 -- name: arm_stage_call
 -- Sent in the same round trip as a stage's server-side call, before it: the stage's
 -- statement budget from the settings row (armed when the call starts; a stage with no
--- budget is refused by set_config, never left unbounded), the lease token it acts
--- under, and whether its transaction may commit without waiting for its WAL flush.
+-- budget, or no settings row, is refused by set_config, never left unbounded), the
+-- lease token it acts under, whether its transaction may commit without waiting for its
+-- WAL flush, and a check every second that the worker is still connected: the calls
+-- sent after this one in the round trip are already with the server, and a worker that
+-- died must not leave them to run (a claim no one would work on).
 SELECT set_config('statement_timeout',
                   coalesce(CASE %(stage)s::text
-                               WHEN 'claim' THEN claim_budget_ms
-                               WHEN 'compute' THEN compute_budget_ms
-                               WHEN 'publish' THEN publish_budget_ms
+                               WHEN 'claim' THEN st.claim_budget_ms
+                               WHEN 'compute' THEN st.compute_budget_ms
+                               WHEN 'publish' THEN st.publish_budget_ms
                            END::text, 'no budget for stage ' || %(stage)s::text),
                   true) AS budget_ms,
        set_config('inventory.stats_lease_token', %(lease_token)s::text, true) AS lease_token,
        CASE WHEN %(async_commit)s::boolean
-            THEN set_config('synchronous_commit', 'off', true) END AS async_commit
-FROM stats_projection_worker_settings WHERE id = 1;
+            THEN set_config('synchronous_commit', 'off', true) END AS async_commit,
+       set_config('client_connection_check_interval', '1000', true) AS connection_check_ms
+FROM (SELECT 1) AS one
+LEFT JOIN stats_projection_worker_settings st ON st.id = 1;
 
 -- name: claim_stage
 -- The claim stage as one call: no row when nothing was claimed, or while the caller's

@@ -183,3 +183,41 @@ def test_claims_filling_different_slots_do_not_wait_for_each_other(
         assert time.monotonic() - started < 0.3  # it never waited for the scoped claim
         assert service.claim(conn, "w") is None
     assert live_runs(conn) == 2
+
+
+def test_a_lowered_cap_holds_though_a_lease_keeps_a_slot_above_it(
+    conn: Connection, db_url: str
+) -> None:
+    """Cap 3 lowered to 2 while a lease holds slot 3: two claims made at once, each able
+    to lock a free slot of the new cap, start one lease between them, not two."""
+    users_with_work(conn, 3)
+    execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 3")
+    first = service.claim(conn, "first")
+    assert first is not None
+    execute(
+        conn, "UPDATE user_stats_projection_runs SET lease_slot = 3 WHERE id = %s", (first.run_id,)
+    )
+    execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 2")
+    with connect(db_url) as one, connect(db_url) as two:
+        with one.transaction(), two.transaction():
+            taken = [service.claim(c, name, wait=False) for c, name in ((one, "one"), (two, "two"))]
+    assert sorted(type(t).__name__ for t in taken) == ["NoneType", "StatsClaim"]
+    assert live_runs(conn) == 2
+
+
+def test_a_claim_leaves_the_slot_of_a_live_lease_unlocked(conn: Connection, db_url: str) -> None:
+    """A scoped claim held uncommitted through its compute locks only the slot it fills:
+    when the worker's lease in the other slot ends, the worker claims that slot again at
+    once instead of waiting out its budget."""
+    first, second, third = users_with_work(conn, 3)
+    execute(conn, "UPDATE stats_projection_worker_settings SET claim_budget_ms = 300")
+    leased = service.claim(conn, "w", first)
+    assert leased is not None
+    with connect(db_url) as scoped, scoped.transaction():
+        assert service.claim(scoped, "app", second, wait=False) is not None
+        assert service.compute(conn, leased).status == "computed"
+        assert service.publish(conn, leased).status == "published"
+        started = time.monotonic()
+        again = service.claim(conn, "w", third)
+        assert again is not None
+        assert time.monotonic() - started < 0.3  # no wait for a lock the scoped claim kept

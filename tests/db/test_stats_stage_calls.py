@@ -7,7 +7,10 @@ the stage calls give: the same inputs go through both paths here."""
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 import re
+import signal
 import threading
 import time
 import uuid
@@ -17,8 +20,11 @@ from typing import Any
 import pytest
 
 from inventory_pipeline.db import (
+    ArmedCall,
     Connection,
+    DatabaseError,
     DatabaseUnavailable,
+    call_armed,
     connect,
     execute,
     fetch_all,
@@ -304,3 +310,114 @@ def test_the_compute_stage_writes_its_run_once(conn: Connection) -> None:
         (claimed.run_id,),
     )
     assert run == {"phase": "computed", "attempts": 2, "renewed": True}
+
+
+def test_a_call_whose_commit_fails_answers_its_own_error(conn: Connection) -> None:
+    """A deferred constraint fails at the call's commit, after its statements answered:
+    that call answers the error and wrote nothing, the next call of the round commits,
+    and the connection stays usable."""
+    execute(
+        conn,
+        "CREATE TEMPORARY TABLE armed_parents (id integer PRIMARY KEY,"
+        " parent integer REFERENCES armed_parents DEFERRABLE INITIALLY DEFERRED)",
+    )
+    arm = "SELECT set_config('statement_timeout', %(budget)s, true) AS armed"
+
+    def insert(row_id: int, parent: int | None) -> ArmedCall:
+        return ArmedCall(
+            arm,
+            {"budget": "5000"},
+            "INSERT INTO armed_parents VALUES (%(id)s, %(parent)s) RETURNING id",
+            {"id": row_id, "parent": parent},
+        )
+
+    failed, committed = call_armed(conn, [insert(1, 99), insert(2, None)])
+    assert isinstance(failed, DatabaseError) and failed.sqlstate == "23503"
+    assert committed == {"id": 2}
+    assert fetch_all(conn, "SELECT id FROM armed_parents ORDER BY id") == [{"id": 2}]
+
+
+def test_a_worker_killed_mid_round_leaves_the_rest_of_its_round_unrun(
+    conn: Connection, db_url: str
+) -> None:
+    """The calls after the running one are already with the server when the worker dies
+    (SIGKILL during a long compute): the server notices the closed connection within a
+    second and runs none of them, so no claim is left that no one works on."""
+    execute(conn, "CREATE TABLE armed_after_death (id integer)")
+
+    def round_then_die() -> None:
+        with connect(db_url) as doomed:
+            call_armed(
+                doomed,
+                [
+                    ArmedCall(
+                        repo.QUERIES["arm_stage_call"],
+                        {"stage": "compute", "lease_token": None},
+                        "SELECT pg_sleep(3)::text AS slept",
+                    ),
+                    ArmedCall(
+                        repo.QUERIES["arm_stage_call"],
+                        {"stage": "claim", "lease_token": None},
+                        "INSERT INTO armed_after_death VALUES (1) RETURNING id",
+                    ),
+                ],
+            )
+
+    worker = multiprocessing.get_context("fork").Process(target=round_then_die)
+    worker.start()
+    sleeping = None
+    for _ in range(500):
+        sleeping = fetch_one(
+            conn,
+            "SELECT pid FROM pg_stat_activity"
+            " WHERE query LIKE 'SELECT pg_sleep(3)%%' AND state = 'active'",
+        )
+        if sleeping is not None:
+            break
+        time.sleep(0.01)
+    assert sleeping is not None
+    os.kill(worker.pid or 0, signal.SIGKILL)
+    worker.join()
+    for _ in range(500):  # the backend ends when it notices (at most the check interval)
+        if (
+            fetch_one(
+                conn, "SELECT 1 AS alive FROM pg_stat_activity WHERE pid = %s", (sleeping["pid"],)
+            )
+            is None
+        ):
+            break
+        time.sleep(0.01)
+    time.sleep(3.5)  # past the sleep: without the check the insert would commit by now
+    assert fetch_all(conn, "SELECT id FROM armed_after_death") == []
+
+
+class _Interrupted(BaseException):
+    """What a run's termination raises in the worker's main thread."""
+
+
+def test_an_interrupted_round_closes_its_connection(conn: Connection) -> None:
+    """Interrupted while it waits for a round's answers, the worker's connection is
+    closed (a pipeline left half read cannot be used again), and the interruption goes
+    on up."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(_Interrupted):
+            call_armed(
+                conn,
+                [
+                    ArmedCall(
+                        repo.QUERIES["arm_stage_call"],
+                        {"stage": "compute", "lease_token": None},
+                        "SELECT pg_sleep(1)::text AS slept",
+                    )
+                ],
+            )
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert conn.closed
