@@ -7,12 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from uuid import UUID
 
-from inventory_pipeline.db import Connection, UniqueViolation
+from inventory_pipeline.db import Connection, DeadlockDetected, UniqueViolation
 from inventory_pipeline.stats import repository as repo
 from inventory_pipeline.stats.models import StatsClaim
 
 # Server-side claims a call tries before giving up this round: each refusal by the
-# one-live-job index means another claim started that user's job meanwhile.
+# one-live-job index means another claim started that user's job meanwhile; a deadlock
+# victim (claims run side by side, and a start that fails an exhausted job goes on to
+# another user's rows) rolled back whole.
 CLAIM_TRIES = 5
 
 
@@ -31,7 +33,8 @@ def claim(
     no lease slot came free within the claim budget (or at once, without `wait`). One
     server-side call; a start the one-live-job index refused (another claim won the user
     after this one's check) rolls that call back whole and the call is made again: its
-    fresh snapshot sees the winner's job and passes that user by. With `after_run` (the
+    fresh snapshot sees the winner's job and passes that user by; so is a call the
+    server ended as a deadlock victim. With `after_run` (the
     caller's previous run), nothing is claimed while that run is still claimed or
     computed. `answered` gives the first call's answer when the caller made that call in
     a round trip of its own."""
@@ -43,6 +46,6 @@ def claim(
     for _ in range(CLAIM_TRIES):
         try:
             return ask()
-        except UniqueViolation:
+        except (UniqueViolation, DeadlockDetected):
             ask = call
     return None

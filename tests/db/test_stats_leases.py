@@ -221,3 +221,51 @@ def test_a_claim_leaves_the_slot_of_a_live_lease_unlocked(conn: Connection, db_u
         again = service.claim(conn, "w", third)
         assert again is not None
         assert time.monotonic() - started < 0.3  # no wait for a lock the scoped claim kept
+
+
+def test_a_claim_chosen_as_a_deadlock_victim_does_not_fail_the_worker(
+    conn: Connection, db_url: str
+) -> None:
+    """Claims run side by side and a claim's start locks rows of more than one table (the
+    job, then the user's owed range): a claim the server ends as a deadlock victim rolled
+    back whole and is made again instead of failing the worker; the job is claimed, by
+    that call or (when it still found the job locked) by the next."""
+    [user] = users_with_work(conn, 1)
+    execute(
+        conn,
+        "INSERT INTO user_stats_owed_ranges (user_id, from_date, exercise_ids)"
+        " VALUES (%s, NULL, '{}')",
+        (user,),
+    )
+    results: list[StatsClaim | BaseException | None] = []
+    with connect(db_url) as other:
+        pid = fetch_one(conn, "SELECT pg_backend_pid() AS pid")["pid"]  # type: ignore[index]
+        with transaction(other):
+            execute(other, "SET LOCAL deadlock_timeout = '30s'")  # the claim is the victim
+            execute(
+                other, "SELECT 1 FROM user_stats_owed_ranges WHERE user_id = %s FOR UPDATE", (user,)
+            )
+
+            def claim() -> None:
+                try:
+                    results.append(service.claim(conn, "w"))
+                except BaseException as exc:  # reported by the assertion below
+                    results.append(exc)
+
+            thread = threading.Thread(target=claim)
+            thread.start()
+            for _ in range(500):  # the claim started the job and waits for the owed range
+                if waiting_backends(other, [pid]) == 1:
+                    break
+                time.sleep(0.01)
+            execute(
+                other,
+                "UPDATE user_exercise_stats_refresh_jobs SET updated_at = updated_at"
+                " WHERE user_id = %s",
+                (user,),
+            )
+        thread.join(timeout=30)
+    [first] = results
+    assert first is None or isinstance(first, StatsClaim)
+    claimed = first or service.claim(conn, "w")
+    assert claimed is not None and claimed.user_id == user
