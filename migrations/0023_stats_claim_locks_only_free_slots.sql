@@ -12,6 +12,10 @@
 -- - a lease whose slot is above the cap (the cap was lowered under it) holds none of
 --   the slots claims lock, so claims filling each free slot could together pass the
 --   cap. A claim that sees such a lease now takes every slot before it counts again.
+-- And a transaction carries one owner: a claim that fails a job past the attempt cap
+-- no longer goes on to start another user's job in the same transaction (with claims
+-- running side by side, two such claims could wait on each other's users); it answers
+-- the failed job alone (no run), and the caller claims again.
 
 CREATE OR REPLACE FUNCTION stats_claim_stage(
     p_lock_owner text, p_user_id uuid, p_wait boolean, p_after_run bigint)
@@ -34,7 +38,6 @@ DECLARE
     v_job bigint;
     v_revived boolean;
     v_slot integer;
-    tries integer := 0;
 BEGIN
     -- The settings, the caller's previous run, and the slots active leases hold now (read
     -- before any slot is locked, so that no claim locks a slot it can see is held).
@@ -191,100 +194,100 @@ BEGIN
         END IF;
     END IF;
 
-    WHILE tries < 5 LOOP
-        tries := tries + 1;
-        v_revived := false;
-        IF live.dead THEN
-            -- A dead worker's job (its run retired, never adopted).
-            SELECT r.id, r.job_id INTO candidate
-            FROM user_stats_projection_runs r
-            WHERE r.phase IN ('claimed', 'computed') AND r.lease_until <= now()
-              AND r.retry_not_before IS NULL
-              AND NOT (r.phase = 'claimed' AND r.payload ? '_batch')
-              AND (p_user_id IS NULL OR r.user_id = p_user_id)
-            ORDER BY r.lease_until
+    v_revived := false;
+    IF live.dead THEN
+        -- A dead worker's job (its run retired, never adopted).
+        SELECT r.id, r.job_id INTO candidate
+        FROM user_stats_projection_runs r
+        WHERE r.phase IN ('claimed', 'computed') AND r.lease_until <= now()
+          AND r.retry_not_before IS NULL
+          AND NOT (r.phase = 'claimed' AND r.payload ? '_batch')
+          AND (p_user_id IS NULL OR r.user_id = p_user_id)
+        ORDER BY r.lease_until
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED;
+        v_revived := FOUND;
+    END IF;
+    IF v_revived THEN
+        DELETE FROM stats_output_exercise o WHERE o.run_id = candidate.id;
+        DELETE FROM stats_output_period o WHERE o.run_id = candidate.id;
+        UPDATE user_stats_projection_runs r
+        SET phase = 'failed', error = 'lease expired', finished_at = now()
+        WHERE r.id = candidate.id;
+        UPDATE user_exercise_stats_refresh_jobs j
+        SET status = 'processing', locked_at = now(), lock_owner = p_lock_owner,
+            attempts = j.attempts + 1, updated_at = now()
+        WHERE j.id = candidate.job_id
+        RETURNING j.id, j.user_id, j.from_date, j.exercise_ids, j.requested_version,
+                  j.attempts
+        INTO started;
+    ELSE
+        -- The oldest pending job of a user with no live job, started in the
+        -- statement that finds it.
+        UPDATE user_exercise_stats_refresh_jobs j
+        SET status = 'processing', locked_at = now(), lock_owner = p_lock_owner,
+            attempts = j.attempts + 1, updated_at = now()
+        WHERE j.id = (
+            SELECT p.id
+            FROM user_exercise_stats_refresh_jobs p
+            WHERE p.status = 'pending'
+              AND (p_user_id IS NULL OR p.user_id = p_user_id)
+              AND NOT EXISTS (
+                  SELECT 1 FROM user_exercise_stats_refresh_jobs q
+                  WHERE q.user_id = p.user_id AND q.status = 'processing')
+            ORDER BY p.created_at, p.id
             LIMIT 1
-            FOR UPDATE SKIP LOCKED;
-            v_revived := FOUND;
+            FOR UPDATE SKIP LOCKED)
+        RETURNING j.id, j.user_id, j.from_date, j.exercise_ids, j.requested_version,
+                  j.attempts
+        INTO started;
+        IF NOT FOUND THEN
+            RETURN;
         END IF;
-        IF v_revived THEN
-            DELETE FROM stats_output_exercise o WHERE o.run_id = candidate.id;
-            DELETE FROM stats_output_period o WHERE o.run_id = candidate.id;
-            UPDATE user_stats_projection_runs r
-            SET phase = 'failed', error = 'lease expired', finished_at = now()
-            WHERE r.id = candidate.id;
-            UPDATE user_exercise_stats_refresh_jobs j
-            SET status = 'processing', locked_at = now(), lock_owner = p_lock_owner,
-                attempts = j.attempts + 1, updated_at = now()
-            WHERE j.id = candidate.job_id
-            RETURNING j.id, j.user_id, j.from_date, j.exercise_ids, j.requested_version,
-                      j.attempts
-            INTO started;
-        ELSE
-            -- The oldest pending job of a user with no live job, started in the
-            -- statement that finds it.
-            UPDATE user_exercise_stats_refresh_jobs j
-            SET status = 'processing', locked_at = now(), lock_owner = p_lock_owner,
-                attempts = j.attempts + 1, updated_at = now()
-            WHERE j.id = (
-                SELECT p.id
-                FROM user_exercise_stats_refresh_jobs p
-                WHERE p.status = 'pending'
-                  AND (p_user_id IS NULL OR p.user_id = p_user_id)
-                  AND NOT EXISTS (
-                      SELECT 1 FROM user_exercise_stats_refresh_jobs q
-                      WHERE q.user_id = p.user_id AND q.status = 'processing')
-                ORDER BY p.created_at, p.id
-                LIMIT 1
-                FOR UPDATE SKIP LOCKED)
-            RETURNING j.id, j.user_id, j.from_date, j.exercise_ids, j.requested_version,
-                      j.attempts
-            INTO started;
-            IF NOT FOUND THEN
-                RETURN;
-            END IF;
-        END IF;
-        v_job := started.id;
-        IF started.attempts > settings.max_attempts THEN
-            -- Exhausted: the job fails and the database owes its range (trigger).
-            UPDATE user_exercise_stats_refresh_jobs j
-            SET status = 'failed', error_message = 'attempts exhausted', updated_at = now(),
-                completed_at = now()
-            WHERE j.id = v_job;
-            CONTINUE;
-        END IF;
-
-        -- The user's owed range joins the job (a statement of its own, after the start:
-        -- its snapshot sees a failure committed while the start waited).
-        DELETE FROM user_stats_owed_ranges o WHERE o.user_id = started.user_id
-        RETURNING o.from_date, o.exercise_ids, o.failed_job_ids INTO owed;
-        IF FOUND THEN
-            UPDATE user_exercise_stats_refresh_jobs j
-            SET from_date = stats_merge_from_date(j.from_date, owed.from_date),
-                exercise_ids = stats_merge_exercise_ids(j.exercise_ids, owed.exercise_ids),
-                metadata = j.metadata || jsonb_build_object(
-                    'absorbed_failed_jobs',
-                    coalesce(j.metadata -> 'absorbed_failed_jobs', '[]')
-                        || to_jsonb(owed.failed_job_ids)),
-                updated_at = now()
-            WHERE j.id = v_job
-            RETURNING j.from_date, j.exercise_ids INTO started.from_date, started.exercise_ids;
-        END IF;
-
-        RETURN QUERY
-        INSERT INTO user_stats_projection_runs AS r
-            (job_id, user_id, phase, lease_token, lease_until, lock_owner, target_version,
-             base_applied_version, from_date, exercise_ids, attempts, lease_slot)
-        VALUES (v_job, started.user_id, 'claimed', gen_random_uuid(),
-                now() + make_interval(secs => settings.lease_seconds), p_lock_owner,
-                started.requested_version,
-                coalesce((SELECT s.applied_version FROM user_stats_refresh_state s
-                          WHERE s.user_id = started.user_id), 0),
-                started.from_date, started.exercise_ids, started.attempts, v_slot)
-        RETURNING r.id, r.job_id, r.user_id, r.lease_token, r.target_version,
-                  r.base_applied_version, r.from_date, r.exercise_ids;
+    END IF;
+    v_job := started.id;
+    IF started.attempts > settings.max_attempts THEN
+        -- Exhausted: the job fails and the database owes its range (trigger). The
+        -- claim ends here, answering the job alone, so that its transaction carries one
+        -- owner; the caller claims again.
+        UPDATE user_exercise_stats_refresh_jobs j
+        SET status = 'failed', error_message = 'attempts exhausted', updated_at = now(),
+            completed_at = now()
+        WHERE j.id = v_job;
+        claim_job_id := v_job;
+        claim_user_id := started.user_id;
+        RETURN NEXT;
         RETURN;
-    END LOOP;
-    RETURN;
+    END IF;
+
+    -- The user's owed range joins the job (a statement of its own, after the start:
+    -- its snapshot sees a failure committed while the start waited).
+    DELETE FROM user_stats_owed_ranges o WHERE o.user_id = started.user_id
+    RETURNING o.from_date, o.exercise_ids, o.failed_job_ids INTO owed;
+    IF FOUND THEN
+        UPDATE user_exercise_stats_refresh_jobs j
+        SET from_date = stats_merge_from_date(j.from_date, owed.from_date),
+            exercise_ids = stats_merge_exercise_ids(j.exercise_ids, owed.exercise_ids),
+            metadata = j.metadata || jsonb_build_object(
+                'absorbed_failed_jobs',
+                coalesce(j.metadata -> 'absorbed_failed_jobs', '[]')
+                    || to_jsonb(owed.failed_job_ids)),
+            updated_at = now()
+        WHERE j.id = v_job
+        RETURNING j.from_date, j.exercise_ids INTO started.from_date, started.exercise_ids;
+    END IF;
+
+    RETURN QUERY
+    INSERT INTO user_stats_projection_runs AS r
+        (job_id, user_id, phase, lease_token, lease_until, lock_owner, target_version,
+         base_applied_version, from_date, exercise_ids, attempts, lease_slot)
+    VALUES (v_job, started.user_id, 'claimed', gen_random_uuid(),
+            now() + make_interval(secs => settings.lease_seconds), p_lock_owner,
+            started.requested_version,
+            coalesce((SELECT s.applied_version FROM user_stats_refresh_state s
+                      WHERE s.user_id = started.user_id), 0),
+            started.from_date, started.exercise_ids, started.attempts, v_slot)
+    RETURNING r.id, r.job_id, r.user_id, r.lease_token, r.target_version,
+              r.base_applied_version, r.from_date, r.exercise_ids;
 END
 $$;

@@ -9,12 +9,12 @@ from uuid import UUID
 
 from inventory_pipeline.db import Connection, DeadlockDetected, UniqueViolation
 from inventory_pipeline.stats import repository as repo
-from inventory_pipeline.stats.models import StatsClaim
+from inventory_pipeline.stats.models import ExhaustedJob, StatsClaim
 
 # Server-side claims a call tries before giving up this round: each refusal by the
-# one-live-job index means another claim started that user's job meanwhile; a deadlock
-# victim (claims run side by side, and a start that fails an exhausted job goes on to
-# another user's rows) rolled back whole.
+# one-live-job index means another claim started that user's job meanwhile, a deadlock
+# victim rolled back whole, and a job found past the attempt cap was failed in a claim
+# of its own.
 CLAIM_TRIES = 5
 
 
@@ -24,7 +24,7 @@ def claim(
     user_id: UUID | None = None,
     wait: bool = True,
     after_run: int | None = None,
-    answered: Callable[[], StatsClaim | None] | None = None,
+    answered: Callable[[], StatsClaim | ExhaustedJob | None] | None = None,
 ) -> StatsClaim | None:
     """Claim work, oldest first: resume a run due to resume (same token and cursor),
     revive a dead worker's job under a new lease at once, or start the oldest pending
@@ -34,18 +34,23 @@ def claim(
     server-side call; a start the one-live-job index refused (another claim won the user
     after this one's check) rolls that call back whole and the call is made again: its
     fresh snapshot sees the winner's job and passes that user by; so is a call the
-    server ended as a deadlock victim. With `after_run` (the
-    caller's previous run), nothing is claimed while that run is still claimed or
-    computed. `answered` gives the first call's answer when the caller made that call in
-    a round trip of its own."""
+    server ended as a deadlock victim, and one that failed a job past the attempt cap
+    (a transaction carries one owner, so that claim took nothing else). With
+    `after_run` (the caller's previous run), nothing is claimed while that run is still
+    claimed or computed. `answered` gives the first call's answer when the caller made
+    that call in a round trip of its own."""
 
-    def call() -> StatsClaim | None:
+    def call() -> StatsClaim | ExhaustedJob | None:
         return repo.claim_stage(conn, lock_owner, user_id, wait, after_run)
 
     ask = answered or call
     for _ in range(CLAIM_TRIES):
         try:
-            return ask()
+            answer = ask()
         except (UniqueViolation, DeadlockDetected):
-            ask = call
+            answer = None
+        else:
+            if not isinstance(answer, ExhaustedJob):
+                return answer
+        ask = call
     return None

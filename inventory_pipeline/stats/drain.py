@@ -98,7 +98,7 @@ def _next(
     if ended:
         return claim(conn, lock_owner, answered=lambda: repo.claimed(answer))
     made = None if isinstance(answer, DatabaseError) else repo.claimed(answer)
-    return made if made is not None else claim(conn, lock_owner)
+    return made if isinstance(made, StatsClaim) else claim(conn, lock_owner)
 
 
 def drain(conn: Connection, lock_owner: str, max_rounds: int = MAX_ROUNDS) -> DrainSummary:

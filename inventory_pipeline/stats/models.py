@@ -58,6 +58,16 @@ class StatsClaim:
 
 
 @dataclass(frozen=True)
+class ExhaustedJob:
+    """A claim's answer when the job it started was past the attempt cap: the claim
+    failed it (its range is owed) and claimed nothing else, since a transaction carries
+    one owner; the caller claims again."""
+
+    job_id: int
+    user_id: UUID
+
+
+@dataclass(frozen=True)
 class RunState:
     """A run as its stage locked it (held for the stage's transaction)."""
 

@@ -21,6 +21,7 @@ from inventory_pipeline.db import (
 from inventory_pipeline.db.queries import load_queries
 from inventory_pipeline.stats.models import (
     ComputeResult,
+    ExhaustedJob,
     PublishResult,
     RunState,
     StatsClaim,
@@ -128,11 +129,14 @@ def _row(answer: Answer) -> Row | None:
     return answer
 
 
-def claimed(answer: Answer) -> StatsClaim | None:
-    """The claim stage's answer (None: nothing claimed); raises the call's error."""
+def claimed(answer: Answer) -> StatsClaim | ExhaustedJob | None:
+    """The claim stage's answer (None: nothing claimed; a job without a run: it was
+    failed past the attempt cap); raises the call's error."""
     row = _row(answer)
     if row is None:
         return None
+    if row["claim_run_id"] is None:
+        return ExhaustedJob(job_id=row["claim_job_id"], user_id=row["claim_user_id"])
     return StatsClaim(
         run_id=row["claim_run_id"],
         job_id=row["claim_job_id"],
@@ -185,8 +189,8 @@ def claim_stage(
     user_id: UUID | None,
     wait: bool,
     after_run: int | None = None,
-) -> StatsClaim | None:
-    """The claim stage in one call (None: nothing claimed)."""
+) -> StatsClaim | ExhaustedJob | None:
+    """The claim stage in one call (see `claimed`)."""
     [answer] = stage_round(conn, [claim_call(lock_owner, user_id, wait, after_run)])
     return claimed(answer)
 

@@ -269,3 +269,36 @@ def test_a_claim_chosen_as_a_deadlock_victim_does_not_fail_the_worker(
     assert first is None or isinstance(first, StatsClaim)
     claimed = first or service.claim(conn, "w")
     assert claimed is not None and claimed.user_id == user
+
+
+def test_a_claim_that_fails_an_exhausted_job_starts_no_other_user_in_its_transaction(
+    conn: Connection,
+) -> None:
+    """A transaction carries one owner: the oldest job is past the attempt cap, so the
+    claim fails it (its range owed) in a transaction of its own, and the next user's job
+    starts in another."""
+    exhausted, other = users_with_work(conn, 2)
+    execute(
+        conn,
+        "UPDATE user_exercise_stats_refresh_jobs SET attempts = max_attempts"
+        " FROM stats_projection_worker_settings WHERE user_id = %s",
+        (exhausted,),
+    )
+    claimed = service.claim(conn, "w")
+    assert claimed is not None and claimed.user_id == other
+    [failed] = sf.jobs(conn, exhausted)
+    assert failed["status"] == "failed"
+    row = fetch_one(
+        conn,
+        "SELECT (SELECT xmin::text FROM user_exercise_stats_refresh_jobs WHERE user_id = %s)"
+        " AS failed_in, (SELECT xmin::text FROM user_stats_projection_runs WHERE id = %s)"
+        " AS started_in",
+        (exhausted, claimed.run_id),
+    )
+    assert row is not None and row["failed_in"] != row["started_in"]
+    assert (
+        fetch_one(
+            conn, "SELECT 1 AS owed FROM user_stats_owed_ranges WHERE user_id = %s", (exhausted,)
+        )
+        is not None
+    )
