@@ -175,23 +175,17 @@ def _call_round(conn: Connection, calls: Sequence[ArmedCall]) -> list[Row | Data
     messages = [_messages(call) for call in calls]
     session = _session(conn)
     started = time.perf_counter()
-    failure: psycopg.Error | None = None
     with conn.lock:
         try:
             results = _round(conn.pgconn, session, messages)
-        except psycopg.Error as exc:
-            failure = exc
-        except BaseException:
-            # Interrupted (a run's termination, a signal): the pipeline is half read
-            # and the connection cannot be used again.
+        except BaseException as exc:
+            # A pipeline left half read (a lost session, or an interruption such as a
+            # run's termination) cannot be used again.
             _forget(conn)
             conn.close()
+            if isinstance(exc, psycopg.Error):
+                raise _translated(exc, (time.perf_counter() - started) * 1000) from exc
             raise
-    if failure is not None:
-        # A pipeline left half read cannot be used again.
-        _forget(conn)
-        conn.close()
-        raise _translated(failure, (time.perf_counter() - started) * 1000) from failure
     elapsed_ms = (time.perf_counter() - started) * 1000
     return [_answer(conn, session, result, elapsed_ms) for result in results]
 
