@@ -43,11 +43,15 @@ def _available(tmdb_id: int) -> int:
 
 
 def merge(
-    conn: Connection, standin: StandIn, rng: random.Random, done: set[tuple[str, int]]
+    conn: Connection,
+    standin: StandIn,
+    rng: random.Random,
+    done: set[tuple[str, int]],
+    variant: str | None = None,
 ) -> str:
-    """TMDb folds one observed record (kind, X) into a survivor, in a drawn variant, and
-    the items observed under X come due now (the harness's clock: their monthly
-    recheck). Returns the variant ('' when nothing observed is left to merge)."""
+    """TMDb folds one observed record (kind, X) into a survivor, in the given variant (or
+    a drawn one), and the items observed under X come due now (the harness's clock: their
+    monthly recheck). Returns the variant ('' when nothing observed is left to merge)."""
     rows = fetch_all(conn, f"SELECT DISTINCT kind, tmdb_id FROM ({OBSERVED}) x ORDER BY 1, 2")
     candidates = [
         (r["kind"], int(r["tmdb_id"])) for r in rows if (r["kind"], r["tmdb_id"]) not in done
@@ -64,7 +68,9 @@ def merge(
     )
     if item is None:
         return ""
-    variant = rng.choices([v for v, _ in MERGE_VARIANTS], weights=[w for _, w in MERGE_VARIANTS])[0]
+    if variant is None:
+        variants = [v for v, _ in MERGE_VARIANTS]
+        variant = rng.choices(variants, weights=[w for _, w in MERGE_VARIANTS])[0]
     into = _available(SURVIVOR_BASE + merged)
     title = item["title"] if variant != "title" else f"{item['title']} (director's cut)"
     year = item["year"] if variant != "year" or item["year"] is None else item["year"] + 3

@@ -32,6 +32,7 @@ from chaos.config import (
     LARGE_EXERCISES,
     LARGE_IMPORT_SESSIONS,
     LARGE_USERS,
+    MERGE_VARIANTS,
     SMALL_USERS,
     SQUEEZE_OPERATIONS,
     SQUEEZED_ATTEMPTS,
@@ -153,6 +154,7 @@ class Workload:
     # Merges at the stand-in: the records folded so far, and what the operator decided.
     merged: set[tuple[str, int]] = field(default_factory=set)
     merges: Counter[str] = field(default_factory=Counter)
+    merges_owed: int = 0
     reviewed: Counter[str] = field(default_factory=Counter)
 
     def setup(
@@ -733,6 +735,24 @@ class Workload:
             variant = replacements.merge(self.conn, self.standin, self.rng, self.merged)
             if variant:
                 self.merges[variant] += 1
+
+    def owe_merges(self, count: int) -> None:
+        """The schedule asks for merges; they are made once observed records exist
+        (under load few may be observed by then), see merge_owed."""
+        self.merges_owed += count
+
+    def merge_owed(self) -> None:
+        """Make the owed merges that observed records allow, each variant once before any
+        is drawn, so a run covers every corroboration rule whatever its timing."""
+        while self.merges_owed:
+            unseen = [v for v, _ in MERGE_VARIANTS if not self.merges[v]]
+            variant = replacements.merge(
+                self.conn, self.standin, self.rng, self.merged, unseen[0] if unseen else None
+            )
+            if not variant:
+                return  # nothing observed left to merge: try again later
+            self.merges[variant] += 1
+            self.merges_owed -= 1
 
     def review(self) -> None:
         """An operator decides the proposals awaiting review."""
