@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import random
 import shutil
 import socket
 import subprocess
@@ -111,10 +112,34 @@ class EmbeddedChaosServer(Server):
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+# Ports the harness and the tests pick for their servers: below the kernel's ephemeral
+# range, which it hands out to every outgoing connection and every socket bound to port 0
+# (a Dagster code server picks its gRPC port that way), so no other process takes a
+# picked port between the pick and the server's own bind.
+FIRST_PICKED_PORT = 10_000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _first_ephemeral_port() -> int:
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port of 127.0.0.1 free now, drawn below the ephemeral range (see above)."""
+    draw = random.SystemRandom()
+    below = _first_ephemeral_port()
+    for _ in range(200):
+        port = draw.randrange(FIRST_PICKED_PORT, max(below, FIRST_PICKED_PORT + 1))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use: draw again
+            return port
+    raise RuntimeError(f"no free port of 127.0.0.1 between {FIRST_PICKED_PORT} and {below}")
 
 
 class PrivateCluster(Server):

@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from chaos.servers import free_port
 from inventory_pipeline import cli
 from inventory_pipeline.db import connect
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
@@ -28,12 +29,6 @@ from inventory_pipeline.supervisor import Children, StopSignals
 pytestmark = pytest.mark.daemon
 
 ANNOUNCED = "Dagster UI at"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def environment(**extra: str) -> dict[str, str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.error
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from chaos.servers import free_port
 from inventory_pipeline.db import connect
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
 from inventory_pipeline.deployment import (
@@ -31,12 +31,6 @@ from inventory_pipeline.settings import Settings
 
 T = TypeVar("T")
 MODULE = "inventory_pipeline.definitions"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class GraphQLError(AssertionError):

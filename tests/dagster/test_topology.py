@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import dagster as dg
 import pytest
 import yaml
 
+from chaos.servers import free_port
 from inventory_pipeline import definitions
 from inventory_pipeline.db import connect
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
@@ -90,12 +90,6 @@ def test_deploy_workspace_points_only_at_a_grpc_code_server() -> None:
         "port": {"env": "INVENTORY_CODE_SERVER_PORT"},
         "location_name": LOCATION,
     }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def graphql(port: int, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
