@@ -604,7 +604,7 @@ def run(
                         # The chaos kept the provider from observing enough records to
                         # merge: the owed merges now, with every record observed, and
                         # quiescence again, so every run exercises the corroboration gate.
-                        workload.apply("owed_merges", workload.merge_owed)
+                        workload.apply("owed_merge_tries", workload.merge_owed)
                         more, left = _quiesce(conn, MAX_QUIESCE_SECONDS, harness)
                         report.quiesce_seconds += more
                     report.divergences += [
@@ -711,8 +711,8 @@ def _chaos(
                 workload.apply("empty_user", workload.empty_user)
             if op in merge_batches:
                 workload.owe_merges(MERGES_AT_ONCE)
-            if workload.merges_owed:
-                workload.apply("owed_merges", workload.merge_owed)
+            if workload.merges_owed and op % OPS_PER_SECOND == 0:  # a try a second
+                workload.apply("owed_merge_tries", workload.merge_owed)
             workload.step()
             roll = schedule.random()
             target = schedule.choice(harness.workers)
