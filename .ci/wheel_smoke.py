@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,9 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the harness's port picks (chaos is not in the wheel)
+from chaos.servers import free_port  # noqa: E402 (after the path above)
+
 SOURCES = ("pyproject.toml", "README.md", "inventory_pipeline", "migrations")
 SOURCES += ("dagster.yaml", "workspace.yaml")
 
@@ -102,9 +104,7 @@ def main(server_url: str) -> None:
                 subprocess.run(["dropdb", *admin, "--if-exists", database], check=True)
         started = step("migrate and status on the configured server", started)
 
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()  # below the ephemeral range `dev`'s code servers draw from
         log = tmp / "dev.log"
         with log.open("wb") as out:
             dev = subprocess.Popen(
