@@ -20,6 +20,7 @@ from inventory_pipeline.stats import repository as repo
 from inventory_pipeline.stats.models import (
     BATCH_SIZE,
     INTERRUPTIONS,
+    LAPSED_WITHOUT_SLOT,
     TRANSACTION_BOUNDARY,
     BatchCursor,
     ComputeResult,
@@ -102,7 +103,9 @@ def _compute(conn: Connection, claim: StatsClaim, started: float) -> ComputeResu
     if answer is not None:
         return answer
     # Renew the lease at the stage boundary; an expired lease resumed under the same
-    # token consumes a retry.
+    # token consumes a retry, and is renewed only into a free slot of the cap.
+    if run.expired and not repo.renew_lapsed_lease(conn, claim.run_id):
+        return ComputeResult("failed", reason=LAPSED_WITHOUT_SLOT)
     attempts = repo.renew_lease(conn, claim.run_id, settings.lease_seconds, run.expired)
     attempt = _Attempt(conn, claim, settings, started, attempts)
     if attempts > settings.max_attempts:

@@ -13,6 +13,9 @@ from inventory_pipeline.db import LockNotAvailable, QueryCanceled
 ComputeStatus = Literal["computed", "batch_pending", "retry_pending", "failed"]
 BATCH_SIZE = 100  # the measured candidate boundary, not an unlimited safety guarantee
 TRANSACTION_BOUNDARY = "transaction_boundary_required"
+# A compute stage's answer for a run whose lease lapsed while every slot of the cap is
+# held: it writes nothing, and the run waits for a claim to take it back.
+LAPSED_WITHOUT_SLOT = "lease lapsed and no slot is free"
 
 # A stage's interruptions: its statement budget ran out or a lock was not available in
 # time (or the statement was canceled); a failed attempt with backoff, not a bug.

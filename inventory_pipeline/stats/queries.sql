@@ -122,6 +122,10 @@ FROM user_stats_projection_runs r
 WHERE r.id = %(run_id)s AND r.lease_token = %(lease_token)s
 FOR UPDATE SKIP LOCKED;
 
+-- name: renew_lapsed_lease
+-- A lapsed lease takes a free slot of the cap before it is renewed (false: none free).
+SELECT stats_renew_lapsed_lease(%(run_id)s) AS renewed;
+
 -- name: renew_lease
 UPDATE user_stats_projection_runs
 SET lease_until = now() + make_interval(secs => %(lease_seconds)s),

@@ -240,6 +240,12 @@ def lock_run(conn: Connection, claim: StatsClaim) -> RunState | None:
     )
 
 
+def renew_lapsed_lease(conn: Connection, run_id: int) -> bool:
+    """Whether a lapsed lease took a free slot of the cap (its own first), so that it
+    may be renewed without passing the cap."""
+    return bool(_one(conn, "renew_lapsed_lease", {"run_id": run_id})["renewed"])
+
+
 def renew_lease(conn: Connection, run_id: int, lease_seconds: int, consume_attempt: bool) -> int:
     """A fresh lease at a stage boundary; returns the run's attempts."""
     row = _one(
