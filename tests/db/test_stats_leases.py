@@ -304,46 +304,40 @@ def test_a_claim_that_fails_an_exhausted_job_starts_no_other_user_in_its_transac
     )
 
 
-def test_a_lapsed_lease_is_renewed_only_into_a_free_slot(conn: Connection) -> None:
-    """Cap 1: a worker's lease lapses and a claim scoped to another user fills the one
-    slot. The lapsed run's compute does not renew its lease beside that one (two active
-    leases under cap 1); once the slot is free again, it renews and computes."""
-    first, second = users_with_work(conn, 2)
+def lapsed_beside_a_scoped_claim(
+    conn: Connection, lapsing: uuid.UUID, other: uuid.UUID, batched: bool
+) -> tuple[StatsClaim, StatsClaim]:
+    """Cap 1: a worker's lease (after its first batch, if `batched`) lapses and a claim
+    scoped to another user fills the one slot (a scoped claim does not take the lapsed
+    run back). The lapsed run's compute answers without renewing its lease beside that
+    one, which would make two active leases under cap 1."""
     execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 1")
-    lapsed = service.claim(conn, "w", first)
+    lapsed = service.claim(conn, "w", lapsing)
     assert lapsed is not None
+    if batched:
+        assert service.compute(conn, lapsed).status == "batch_pending"
     sf.expire_run(conn, lapsed.run_id, lapsed.lease_token)
-    other = service.claim(conn, "app", second)
-    assert other is not None
+    scoped = service.claim(conn, "app", other)
+    assert scoped is not None
     refused = service.compute(conn, lapsed)
     assert (refused.status, refused.reason) == ("failed", "lease lapsed and no slot is free")
     assert live_runs(conn) == 1
-    assert processors.process_claim(conn, other).outcome == "published"
+    assert processors.process_claim(conn, scoped).outcome == "published"
+    return lapsed, scoped
+
+
+def test_a_lapsed_lease_is_renewed_only_into_a_free_slot(conn: Connection) -> None:
+    """Once the slot is free again, the lapsed run renews its lease and computes."""
+    lapsed, _ = lapsed_beside_a_scoped_claim(conn, *users_with_work(conn, 2), batched=False)
     assert service.compute(conn, lapsed).status == "computed"
     assert live_runs(conn) == 1
     assert service.publish(conn, lapsed).status == "published"
 
 
 def test_a_lapsed_run_in_batches_is_renewed_only_into_a_free_slot(conn: Connection) -> None:
-    """The same for a run computed in batches: its next batch does not renew a lapsed
-    lease while the one slot is held."""
-    big, small = uuid.uuid4(), uuid.uuid4()
+    """The same for a run computed in batches: its next batch renews the lease only
+    once the slot is free."""
+    big = uuid.uuid4()
     sf.history(conn, big, sessions=60, exercises=120)
-    users_with_work_for(conn, small)
-    execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 1")
-    lapsed = service.claim(conn, "w", big)
-    assert lapsed is not None
-    assert service.compute(conn, lapsed).status == "batch_pending"
-    sf.expire_run(conn, lapsed.run_id, lapsed.lease_token)
-    other = service.claim(conn, "app", small)
-    assert other is not None
-    refused = service.compute(conn, lapsed)
-    assert (refused.status, refused.reason) == ("failed", "lease lapsed and no slot is free")
-    assert live_runs(conn) == 1
-    assert processors.process_claim(conn, other).outcome == "published"
+    lapsed, _ = lapsed_beside_a_scoped_claim(conn, big, *users_with_work(conn, 1), batched=True)
     assert processors.process_claim(conn, lapsed).outcome == "published"
-
-
-def users_with_work_for(conn: Connection, user: uuid.UUID) -> None:
-    sf.exercise(conn, "squat")
-    sf.save(conn, user, D, sf.sets(("squat", 100, 5)))
