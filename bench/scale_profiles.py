@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from typing import Any, Protocol, TypeVar
 import dagster as dg
 
 from bench.common import Figure, scratch_database, server_url
+from chaos.servers import free_port
 from inventory_pipeline.db import connect, execute, fetch_one
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
 from inventory_pipeline.defs import profiles as profile_defs
@@ -318,9 +318,7 @@ def partitions_tab(
                     "INVENTORY_DAGSTER_STORAGE_URL": storage_url,
                 }
             )
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                port = probe.getsockname()[1]
+            port = free_port()  # below the ephemeral range its code server draws from
             web = f"http://127.0.0.1:{port}"
             with (Path(home) / "webserver.log").open("wb") as log:
                 proc = start_dagster(
