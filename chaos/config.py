@@ -103,7 +103,9 @@ STORM_ITEMS = 30  # a sync brings this many items due for observation as the sto
 # -- merges at TMDb and the operator's gate (docs/identity-revalidation.md) --------------
 # The stand-in folds observed records into survivors: at these fractions of the run this
 # many at once (deletes and truncates take many merged items before their cases are
-# checked), then now and then as a drawn operation. Most variants must be proposed; the
+# checked), owed until observed records exist (faults and wrong keys may keep the
+# provider from observing any for most of a run; what is still owed is merged after the
+# first quiescence), then now and then as a drawn operation. Most variants must be proposed; the
 # others break one corroboration rule each (a survivor naming its own external ids, a
 # lookup naming two records, a survivor of another title or year).
 MERGE_AT = (0.2, 0.5, 0.8)

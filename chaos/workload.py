@@ -738,7 +738,7 @@ class Workload:
 
     def owe_merges(self, count: int) -> None:
         """The schedule asks for merges; they are made once observed records exist
-        (under load few may be observed by then), see merge_owed."""
+        (the chaos's faults may have kept the provider from observing any yet)."""
         self.merges_owed += count
 
     def merge_owed(self) -> None:
