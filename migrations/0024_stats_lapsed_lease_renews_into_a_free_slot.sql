@@ -1,14 +1,16 @@
 -- A lapsed lease is renewed only into a free lease slot.
 --
 -- Every active lease holds a distinct slot numbered 1 to the cap, which bounds the
--- leases by the cap. A lease that lapsed holds none: a claim may fill its slot (a claim
--- scoped to another user does not take the lapsed run back). The compute stage, and a
--- run's next batch, renewed a lapsed lease without a slot, so the run became active
--- again beside the claim's lease and the cap was passed by one. A lapsed lease is now
--- renewed only into a slot it takes as a claim fills one: its own first, else the lowest
--- free one, locked, then confirmed free (and the leases counted below the cap) in a
--- snapshot after the lock. With no slot free the stage answers without writing, and the
--- run stays lapsed until a claim takes it back.
+-- leases by the cap. A lease that lapsed holds none, nor does a run waiting out a retry
+-- time: a claim may fill its slot (a claim scoped to another user does not take the run
+-- back). The compute stage, and a run's next batch, renewed such a lease without a slot
+-- (once a retry time had passed, the run was simply active again), so the run became
+-- active beside the claim's lease and the cap was passed by one. Such a lease is now
+-- renewed only into a slot taken as a claim takes one: never a slot seen held; its own
+-- first, else the lowest free one, locked, then confirmed free in a snapshot after the
+-- lock; when an active lease holds no slot of the cap (the cap was lowered under it),
+-- every slot; and the leases counted below the cap after that. With no slot free the
+-- stage answers without writing, and the run stays as it is until a claim takes it back.
 
 CREATE FUNCTION stats_renew_lapsed_lease(p_run_id bigint) RETURNS boolean
 LANGUAGE plpgsql
@@ -16,34 +18,64 @@ AS $$
 DECLARE
     v_cap integer;
     v_own integer;
+    v_held integer[];
     v_slot integer;
+    v_try integer;
 BEGIN
-    SELECT st.active_lease_cap, r.lease_slot INTO v_cap, v_own
+    -- The cap, the run's own slot and the slots active leases hold now, read before any
+    -- lock (a slot seen held is never locked: its lock would be kept to this commit).
+    SELECT st.active_lease_cap, r.lease_slot,
+           ARRAY(SELECT a.lease_slot FROM user_stats_projection_runs a
+                 WHERE a.phase IN ('claimed', 'computed')
+                   AND stats_run_is_active(a.phase, a.lease_until, a.retry_not_before))
+    INTO v_cap, v_own, v_held
     FROM stats_projection_worker_settings st
     CROSS JOIN user_stats_projection_runs r
     WHERE st.id = 1 AND r.id = p_run_id;
-    FOR v_slot IN
-        SELECT s FROM unnest(array_prepend(v_own, ARRAY(SELECT generate_series(1, v_cap))))
-            WITH ORDINALITY AS t (s, n)
-        WHERE s BETWEEN 1 AND v_cap
-        ORDER BY n
-    LOOP
-        CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtext('stats_lease_slots'), v_slot);
-        -- Statements of their own, after the lock: their snapshots see every lease
-        -- committed into the slot, and every lease a lowered cap left outside the slots.
-        CONTINUE WHEN stats_lease_slot_held(v_slot);
-        IF (SELECT count(*) FROM (
-                SELECT 1 FROM user_stats_projection_runs r
-                WHERE r.phase IN ('claimed', 'computed')
-                  AND stats_run_is_active(r.phase, r.lease_until, r.retry_not_before)
-                LIMIT v_cap) AS active) >= v_cap THEN
-            RETURN false;
-        END IF;
-        UPDATE user_stats_projection_runs r SET lease_slot = v_slot
-        WHERE r.id = p_run_id AND r.lease_slot IS DISTINCT FROM v_slot;
-        RETURN true;
-    END LOOP;
-    RETURN false;
+    IF EXISTS (SELECT 1 FROM unnest(v_held) AS h (slot)
+               WHERE h.slot IS NULL OR h.slot NOT BETWEEN 1 AND v_cap) THEN
+        -- An active lease outside the slots (the cap was lowered under it): distinct
+        -- slots no longer bound the count, so, as a claim does, every slot, then the
+        -- count and a free slot (its own first) in a snapshot after those locks.
+        FOR v_slot IN 1 .. v_cap LOOP
+            IF NOT pg_try_advisory_xact_lock(hashtext('stats_lease_slots'), v_slot) THEN
+                RETURN false;
+            END IF;
+        END LOOP;
+        SELECT s INTO v_slot
+        FROM generate_series(1, v_cap) AS s
+        WHERE NOT stats_lease_slot_held(s)
+        ORDER BY s IS DISTINCT FROM v_own, s
+        LIMIT 1;
+    ELSE
+        FOR v_try IN
+            SELECT t.s
+            FROM unnest(array_prepend(v_own, ARRAY(SELECT generate_series(1, v_cap))))
+                WITH ORDINALITY AS t (s, n)
+            WHERE t.s BETWEEN 1 AND v_cap AND t.s <> ALL (array_remove(v_held, NULL))
+            ORDER BY t.n
+        LOOP
+            CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtext('stats_lease_slots'), v_try);
+            -- After the lock, a statement of its own: its snapshot sees every lease
+            -- committed into the slot.
+            IF NOT stats_lease_slot_held(v_try) THEN
+                v_slot := v_try;
+                EXIT;
+            END IF;
+        END LOOP;
+    END IF;
+    -- Counted after the lock too: a lease a lowered cap left outside the slots since the
+    -- first read bounds nothing.
+    IF v_slot IS NULL OR (SELECT count(*) FROM (
+            SELECT 1 FROM user_stats_projection_runs r
+            WHERE r.phase IN ('claimed', 'computed')
+              AND stats_run_is_active(r.phase, r.lease_until, r.retry_not_before)
+            LIMIT v_cap) AS active) >= v_cap THEN
+        RETURN false;
+    END IF;
+    UPDATE user_stats_projection_runs r SET lease_slot = v_slot
+    WHERE r.id = p_run_id AND r.lease_slot IS DISTINCT FROM v_slot;
+    RETURN true;
 END
 $$;
 
@@ -94,10 +126,12 @@ BEGIN
         RETURN;
     END IF;
 
-    -- A lapsed lease is renewed only into a free slot of the cap (see
-    -- stats_renew_lapsed_lease); with none free the run stays lapsed, for a claim to
+    -- A lease that holds no slot (it lapsed, or its run waited out a retry time, which
+    -- has now passed) is renewed only into a free slot of the cap (see
+    -- stats_renew_lapsed_lease); with none free the run stays as it is, for a claim to
     -- take back.
-    IF run.expired AND NOT stats_renew_lapsed_lease(p_run_id) THEN
+    IF (run.expired OR run.retry_not_before IS NOT NULL)
+       AND NOT stats_renew_lapsed_lease(p_run_id) THEN
         compute_status := 'failed';
         compute_reason := 'lease lapsed and no slot is free';
         RETURN NEXT;

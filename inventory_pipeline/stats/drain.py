@@ -72,7 +72,9 @@ def _process(
             return ProcessResult("batch_pending", batches), _next(conn, lock_owner, answers)
         batches += 1
     if result.status != "computed":
-        return ProcessResult(result.status, batches), _next(conn, lock_owner, answers)
+        return ProcessResult(result.status, batches, reason=result.reason), _next(
+            conn, lock_owner, answers
+        )
     # The publication of the round trip found the run computed only when the first
     # compute call computed it (or found it computed).
     in_round = bool(first) and first[0] is not None and first[0].status == "computed"

@@ -13,8 +13,9 @@ from inventory_pipeline.db import LockNotAvailable, QueryCanceled
 ComputeStatus = Literal["computed", "batch_pending", "retry_pending", "failed"]
 BATCH_SIZE = 100  # the measured candidate boundary, not an unlimited safety guarantee
 TRANSACTION_BOUNDARY = "transaction_boundary_required"
-# A compute stage's answer for a run whose lease lapsed while every slot of the cap is
-# held: it writes nothing, and the run waits for a claim to take it back.
+# A compute stage's answer for a run whose lease holds no slot (it lapsed, or the run
+# waited out a retry time) while every slot of the cap is held: it writes nothing, and
+# the run waits for a claim to take it back.
 LAPSED_WITHOUT_SLOT = "lease lapsed and no slot is free"
 
 # A stage's interruptions: its statement budget ran out or a lock was not available in
@@ -166,11 +167,12 @@ class ProcessResult:
     status: ComputeStatus
     batches: int
     publication: PublishResult | None = None
+    reason: str | None = None  # why the compute stage failed, when it did
 
     @property
     def outcome(self) -> Literal["published", "rejected", "deferred", "failed"]:
-        """Published, rejected into a successor, deferred (a retry time or a pending
-        batch: the work resumes later) or failed."""
+        """Published, rejected into a successor, deferred (a retry time, a pending batch,
+        or a lapsed lease with no slot free: the work resumes later) or failed."""
         publication = self.publication
         if publication is not None and publication.status == "published":
             return "published"
@@ -179,6 +181,8 @@ class ProcessResult:
         if publication is not None and publication.status == "retry_pending":
             return "deferred"
         if publication is None and self.status in ("retry_pending", "batch_pending"):
+            return "deferred"
+        if publication is None and self.reason == LAPSED_WITHOUT_SLOT:
             return "deferred"
         return "failed"
 

@@ -319,11 +319,25 @@ def lapsed_beside_a_scoped_claim(
     sf.expire_run(conn, lapsed.run_id, lapsed.lease_token)
     scoped = service.claim(conn, "app", other)
     assert scoped is not None
+    before = run_row(conn, lapsed.run_id)
     refused = service.compute(conn, lapsed)
     assert (refused.status, refused.reason) == ("failed", "lease lapsed and no slot is free")
+    assert run_row(conn, lapsed.run_id) == before  # nothing written
     assert live_runs(conn) == 1
+    assert processors.process_claim(conn, lapsed).outcome == "deferred"  # not a failure
     assert processors.process_claim(conn, scoped).outcome == "published"
     return lapsed, scoped
+
+
+def run_row(conn: Connection, run_id: int) -> dict[str, object]:
+    row = fetch_one(
+        conn,
+        "SELECT phase, attempts, lease_until, lease_slot, retry_not_before, payload"
+        " FROM user_stats_projection_runs WHERE id = %s",
+        (run_id,),
+    )
+    assert row is not None
+    return dict(row)
 
 
 def test_a_lapsed_lease_is_renewed_only_into_a_free_slot(conn: Connection) -> None:
@@ -341,3 +355,76 @@ def test_a_lapsed_run_in_batches_is_renewed_only_into_a_free_slot(conn: Connecti
     sf.history(conn, big, sessions=60, exercises=120)
     lapsed, _ = lapsed_beside_a_scoped_claim(conn, big, *users_with_work(conn, 1), batched=True)
     assert processors.process_claim(conn, lapsed).outcome == "published"
+
+
+def test_a_run_past_its_retry_time_is_renewed_only_into_a_free_slot(conn: Connection) -> None:
+    """A run waiting out a retry time holds no slot; once the time has passed, its
+    compute does not make it active beside the lease a scoped claim took meanwhile."""
+    first, second = users_with_work(conn, 2)
+    execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 1")
+    waited = service.claim(conn, "w", first)
+    assert waited is not None
+    with transaction(conn):
+        execute(
+            conn,
+            "SELECT set_config('inventory.stats_lease_token', %s, true)",
+            (str(waited.lease_token),),
+        )
+        execute(
+            conn,
+            "UPDATE user_stats_projection_runs SET retry_not_before = now() - interval '1 s'"
+            " WHERE id = %s",
+            (waited.run_id,),
+        )
+    scoped = service.claim(conn, "app", second)
+    assert scoped is not None
+    refused = service.compute(conn, waited)
+    assert (refused.status, refused.reason) == ("failed", "lease lapsed and no slot is free")
+    assert processors.worker_status(conn)["active_leases"] == 1
+    assert processors.process_claim(conn, scoped).outcome == "published"
+    assert service.compute(conn, waited).status == "computed"
+    assert processors.worker_status(conn)["active_leases"] == 1
+
+
+def test_two_lapsed_leases_renewed_at_once_do_not_pass_a_lowered_cap(
+    conn: Connection, db_url: str
+) -> None:
+    """Cap 3 with three leases, two of them lapsed; the cap is lowered to 2 while the
+    third keeps slot 3. The two lapsed runs' computes, in transactions open side by
+    side, renew one lease between them, not two (three active under cap 2)."""
+    users = users_with_work(conn, 3)
+    execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 3")
+    claims = [service.claim(conn, "w", u) for u in users]
+    assert all(c is not None for c in claims)
+    lapsed = [c for c in claims[:2] if c is not None]
+    for c in lapsed:
+        sf.expire_run(conn, c.run_id, c.lease_token)
+    execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 2")
+    with connect(db_url) as one, connect(db_url) as two:
+        with one.transaction(), two.transaction():
+            pairs = zip((one, two), lapsed, strict=True)
+            answers = [service.compute(c, claim) for c, claim in pairs]
+    assert sorted(a.status for a in answers) == ["computed", "failed"]
+    assert processors.worker_status(conn)["active_leases"] == 2
+
+
+def test_a_renewal_leaves_the_slots_of_live_leases_unlocked(conn: Connection, db_url: str) -> None:
+    """A lapsed run renewing its lease, its compute uncommitted, locks only the slot it
+    takes: when a live lease in another slot ends, a claim takes that slot at once."""
+    first, second, third, fourth = users_with_work(conn, 4)
+    execute(
+        conn,
+        "UPDATE stats_projection_worker_settings SET active_lease_cap = 3, claim_budget_ms = 300",
+    )
+    live = service.claim(conn, "w", first)
+    lapsed = service.claim(conn, "w", second)
+    assert live is not None and lapsed is not None
+    sf.expire_run(conn, lapsed.run_id, lapsed.lease_token)
+    assert service.claim(conn, "app", third) is not None  # fills the lapsed run's slot
+    with connect(db_url) as renewing, renewing.transaction():
+        assert service.compute(renewing, lapsed).status == "computed"  # into slot 3
+        assert processors.process_claim(conn, live).outcome == "published"
+        started = time.monotonic()
+        again = service.claim(conn, "w", fourth)
+        assert again is not None
+        assert time.monotonic() - started < 0.3  # no wait for a lock the renewal kept
