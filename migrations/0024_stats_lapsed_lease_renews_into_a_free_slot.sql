@@ -12,6 +12,19 @@
 -- every slot; and the leases counted below the cap after that. With no slot free the
 -- stage answers without writing, and the run stays as it is until a claim takes it back.
 
+-- Is a slot held by an active lease other than the given run's? (Called in a statement
+-- of its own after the slot's lock, as stats_lease_slot_held.)
+CREATE FUNCTION stats_lease_slot_held_by_another(p_slot integer, p_run_id bigint)
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM user_stats_projection_runs r
+        WHERE r.phase IN ('claimed', 'computed') AND r.id <> p_run_id
+          AND stats_run_is_active(r.phase, r.lease_until, r.retry_not_before)
+          AND r.lease_slot = p_slot)
+$$;
+
 CREATE FUNCTION stats_renew_lapsed_lease(p_run_id bigint) RETURNS boolean
 LANGUAGE plpgsql
 AS $$
@@ -26,7 +39,7 @@ BEGIN
     -- lock (a slot seen held is never locked: its lock would be kept to this commit).
     SELECT st.active_lease_cap, r.lease_slot,
            ARRAY(SELECT a.lease_slot FROM user_stats_projection_runs a
-                 WHERE a.phase IN ('claimed', 'computed')
+                 WHERE a.phase IN ('claimed', 'computed') AND a.id <> p_run_id
                    AND stats_run_is_active(a.phase, a.lease_until, a.retry_not_before))
     INTO v_cap, v_own, v_held
     FROM stats_projection_worker_settings st
@@ -44,7 +57,7 @@ BEGIN
         END LOOP;
         SELECT s INTO v_slot
         FROM generate_series(1, v_cap) AS s
-        WHERE NOT stats_lease_slot_held(s)
+        WHERE NOT stats_lease_slot_held_by_another(s, p_run_id)
         ORDER BY s IS DISTINCT FROM v_own, s
         LIMIT 1;
     ELSE
@@ -58,7 +71,7 @@ BEGIN
             CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtext('stats_lease_slots'), v_try);
             -- After the lock, a statement of its own: its snapshot sees every lease
             -- committed into the slot.
-            IF NOT stats_lease_slot_held(v_try) THEN
+            IF NOT stats_lease_slot_held_by_another(v_try, p_run_id) THEN
                 v_slot := v_try;
                 EXIT;
             END IF;
@@ -68,7 +81,7 @@ BEGIN
     -- first read bounds nothing.
     IF v_slot IS NULL OR (SELECT count(*) FROM (
             SELECT 1 FROM user_stats_projection_runs r
-            WHERE r.phase IN ('claimed', 'computed')
+            WHERE r.phase IN ('claimed', 'computed') AND r.id <> p_run_id
               AND stats_run_is_active(r.phase, r.lease_until, r.retry_not_before)
             LIMIT v_cap) AS active) >= v_cap THEN
         RETURN false;
@@ -99,6 +112,8 @@ DECLARE
 BEGIN
     -- Each answer is one row of the output columns (all null unless set below).
     SELECT r.id, r.job_id, r.user_id, r.phase, r.lease_until <= now() AS expired,
+           r.lease_until <= now() + make_interval(secs => st.compute_budget_ms / 1000.0 + 1)
+               AS ending,
            r.retry_not_before > now() AS backing_off, r.retry_not_before, r.attempts,
            r.from_date, r.exercise_ids, r.payload, txid_current() AS xid,
            st.lease_seconds, st.max_attempts
@@ -127,10 +142,11 @@ BEGIN
     END IF;
 
     -- A lease that holds no slot (it lapsed, or its run waited out a retry time, which
-    -- has now passed) is renewed only into a free slot of the cap (see
-    -- stats_renew_lapsed_lease); with none free the run stays as it is, for a claim to
-    -- take back.
-    IF (run.expired OR run.retry_not_before IS NOT NULL)
+    -- has now passed), or may lapse before this stage commits (a claim could then fill
+    -- its slot while the stage runs), is renewed only into a slot of the cap it takes
+    -- and keeps locked to its commit (see stats_renew_lapsed_lease); with none free the
+    -- run stays as it is, for a claim to take back.
+    IF (run.ending OR run.retry_not_before IS NOT NULL)
        AND NOT stats_renew_lapsed_lease(p_run_id) THEN
         compute_status := 'failed';
         compute_reason := 'lease lapsed and no slot is free';
@@ -260,4 +276,7 @@ BEGIN
 END
 $$;
 
-REVOKE ALL ON FUNCTION stats_renew_lapsed_lease(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION
+    stats_renew_lapsed_lease(bigint),
+    stats_lease_slot_held_by_another(integer, bigint)
+FROM PUBLIC;

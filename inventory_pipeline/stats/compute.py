@@ -104,9 +104,10 @@ def _compute(conn: Connection, claim: StatsClaim, started: float) -> ComputeResu
         return answer
     # Renew the lease at the stage boundary; an expired lease resumed under the same
     # token consumes a retry. A lease that holds no slot (lapsed, or past its retry
-    # time) is renewed only into a free slot of the cap.
-    lapsed = run.expired or run.retry_not_before is not None
-    if lapsed and not repo.renew_lapsed_lease(conn, claim.run_id):
+    # time), or may lapse within the stage, is renewed only into a slot of the cap it
+    # takes and keeps locked to the commit.
+    slotless = run.ending or run.retry_not_before is not None
+    if slotless and not repo.renew_lapsed_lease(conn, claim.run_id):
         return ComputeResult("failed", reason=LAPSED_WITHOUT_SLOT)
     attempts = repo.renew_lease(conn, claim.run_id, settings.lease_seconds, run.expired)
     attempt = _Attempt(conn, claim, settings, started, attempts)

@@ -232,6 +232,7 @@ def lock_run(conn: Connection, claim: StatsClaim) -> RunState | None:
     return RunState(
         phase=row["phase"],
         expired=bool(row["expired"]),
+        ending=bool(row["ending"]),
         backing_off=bool(row["backing_off"]),
         retry_not_before=row["retry_not_before"],
         attempts=int(row["attempts"]),
@@ -241,8 +242,9 @@ def lock_run(conn: Connection, claim: StatsClaim) -> RunState | None:
 
 
 def renew_lapsed_lease(conn: Connection, run_id: int) -> bool:
-    """Whether a lapsed lease took a free slot of the cap (its own first), so that it
-    may be renewed without passing the cap."""
+    """Whether a lease that holds no slot, or may lapse within the stage, took a free
+    slot of the cap (its own first, locked to the commit), so that it may be renewed
+    without passing the cap."""
     return bool(_one(conn, "renew_lapsed_lease", {"run_id": run_id})["renewed"])
 
 

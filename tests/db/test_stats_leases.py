@@ -428,3 +428,32 @@ def test_a_renewal_leaves_the_slots_of_live_leases_unlocked(conn: Connection, db
         again = service.claim(conn, "w", fourth)
         assert again is not None
         assert time.monotonic() - started < 0.3  # no wait for a lock the renewal kept
+
+
+def test_a_compute_running_as_its_lease_lapses_keeps_its_slot(
+    conn: Connection, db_url: str
+) -> None:
+    """Cap 1: a compute starts a second before its lease lapses and commits after. A
+    claim made meanwhile, after the lapse, does not fill the run's slot (the compute
+    renewing its lease would make two active leases under cap 1)."""
+    first, second = users_with_work(conn, 2)
+    execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 1")
+    ending = service.claim(conn, "w", first)
+    assert ending is not None
+    with transaction(conn):
+        execute(
+            conn,
+            "SELECT set_config('inventory.stats_lease_token', %s, true)",
+            (str(ending.lease_token),),
+        )
+        execute(
+            conn,
+            "UPDATE user_stats_projection_runs SET lease_until = clock_timestamp()"
+            " + interval '1 s' WHERE id = %s",
+            (ending.run_id,),
+        )
+    with connect(db_url) as computing, computing.transaction():
+        assert service.compute(computing, ending).status == "computed"
+        time.sleep(1.2)  # the lease, as the run row still says, has lapsed
+        assert service.claim(conn, "app", second, wait=False) is None
+    assert processors.worker_status(conn)["active_leases"] == 1
