@@ -116,6 +116,11 @@ def history(
 
 def expire_run(conn: Connection, run_id: int, lease_token: uuid.UUID) -> None:
     """The lease runs out (a dead worker): only its own token may move lease_until."""
+    set_run(conn, run_id, lease_token, "lease_until = now() - interval '1s'")
+
+
+def set_run(conn: Connection, run_id: int, lease_token: uuid.UUID, assignments: str) -> None:
+    """Update a leased run as its lease holder (the lease fence refuses anyone else)."""
     with conn.transaction():
         execute(
             conn,
@@ -123,10 +128,7 @@ def expire_run(conn: Connection, run_id: int, lease_token: uuid.UUID) -> None:
             (str(lease_token),),
         )
         execute(
-            conn,
-            "UPDATE user_stats_projection_runs SET lease_until = now() - interval '1s'"
-            " WHERE id = %s",
-            (run_id,),
+            conn, f"UPDATE user_stats_projection_runs SET {assignments} WHERE id = %s", (run_id,)
         )
 
 

@@ -364,18 +364,8 @@ def test_a_run_past_its_retry_time_is_renewed_only_into_a_free_slot(conn: Connec
     execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 1")
     waited = service.claim(conn, "w", first)
     assert waited is not None
-    with transaction(conn):
-        execute(
-            conn,
-            "SELECT set_config('inventory.stats_lease_token', %s, true)",
-            (str(waited.lease_token),),
-        )
-        execute(
-            conn,
-            "UPDATE user_stats_projection_runs SET retry_not_before = now() - interval '1 s'"
-            " WHERE id = %s",
-            (waited.run_id,),
-        )
+    retry_passed = "retry_not_before = now() - interval '1 s'"
+    sf.set_run(conn, waited.run_id, waited.lease_token, retry_passed)
     scoped = service.claim(conn, "app", second)
     assert scoped is not None
     refused = service.compute(conn, waited)
@@ -440,18 +430,8 @@ def test_a_compute_running_as_its_lease_lapses_keeps_its_slot(
     execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 1")
     ending = service.claim(conn, "w", first)
     assert ending is not None
-    with transaction(conn):
-        execute(
-            conn,
-            "SELECT set_config('inventory.stats_lease_token', %s, true)",
-            (str(ending.lease_token),),
-        )
-        execute(
-            conn,
-            "UPDATE user_stats_projection_runs SET lease_until = clock_timestamp()"
-            " + interval '1 s' WHERE id = %s",
-            (ending.run_id,),
-        )
+    in_a_second = "lease_until = clock_timestamp() + interval '1 s'"
+    sf.set_run(conn, ending.run_id, ending.lease_token, in_a_second)
     with connect(db_url) as computing, computing.transaction():
         assert service.compute(computing, ending).status == "computed"
         time.sleep(1.2)  # the lease, as the run row still says, has lapsed
