@@ -304,26 +304,30 @@ def test_a_claim_that_fails_an_exhausted_job_starts_no_other_user_in_its_transac
     )
 
 
+LAPSE = "lease_until = now() - interval '1s'"
+
+
 def lapsed_beside_a_scoped_claim(
-    conn: Connection, lapsing: uuid.UUID, other: uuid.UUID, batched: bool
+    conn: Connection, lapsing: uuid.UUID, other: uuid.UUID, batched: bool, lapse: str = LAPSE
 ) -> tuple[StatsClaim, StatsClaim]:
-    """Cap 1: a worker's lease (after its first batch, if `batched`) lapses and a claim
-    scoped to another user fills the one slot (a scoped claim does not take the lapsed
-    run back). The lapsed run's compute answers without renewing its lease beside that
-    one, which would make two active leases under cap 1."""
+    """Cap 1: a worker's lease (after its first batch, if `batched`) holds no slot any
+    more (`lapse`: it ran out, or its run waited out a retry time) and a claim scoped to
+    another user fills the one slot (a scoped claim does not take the run back). The
+    run's compute answers without renewing its lease beside that one, which would make
+    two active leases under cap 1."""
     execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 1")
     lapsed = service.claim(conn, "w", lapsing)
     assert lapsed is not None
     if batched:
         assert service.compute(conn, lapsed).status == "batch_pending"
-    sf.expire_run(conn, lapsed.run_id, lapsed.lease_token)
+    sf.set_run(conn, lapsed.run_id, lapsed.lease_token, lapse)
     scoped = service.claim(conn, "app", other)
     assert scoped is not None
     before = run_row(conn, lapsed.run_id)
     refused = service.compute(conn, lapsed)
     assert (refused.status, refused.reason) == ("failed", "lease lapsed and no slot is free")
     assert run_row(conn, lapsed.run_id) == before  # nothing written
-    assert live_runs(conn) == 1
+    assert processors.worker_status(conn)["active_leases"] == 1
     assert processors.process_claim(conn, lapsed).outcome == "deferred"  # not a failure
     assert processors.process_claim(conn, scoped).outcome == "published"
     return lapsed, scoped
@@ -359,19 +363,12 @@ def test_a_lapsed_run_in_batches_is_renewed_only_into_a_free_slot(conn: Connecti
 
 def test_a_run_past_its_retry_time_is_renewed_only_into_a_free_slot(conn: Connection) -> None:
     """A run waiting out a retry time holds no slot; once the time has passed, its
-    compute does not make it active beside the lease a scoped claim took meanwhile."""
-    first, second = users_with_work(conn, 2)
-    execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 1")
-    waited = service.claim(conn, "w", first)
-    assert waited is not None
+    compute does not make it active beside the lease a scoped claim took meanwhile, and
+    renews it once the slot is free."""
     retry_passed = "retry_not_before = now() - interval '1 s'"
-    sf.set_run(conn, waited.run_id, waited.lease_token, retry_passed)
-    scoped = service.claim(conn, "app", second)
-    assert scoped is not None
-    refused = service.compute(conn, waited)
-    assert (refused.status, refused.reason) == ("failed", "lease lapsed and no slot is free")
-    assert processors.worker_status(conn)["active_leases"] == 1
-    assert processors.process_claim(conn, scoped).outcome == "published"
+    waited, _ = lapsed_beside_a_scoped_claim(
+        conn, *users_with_work(conn, 2), batched=False, lapse=retry_passed
+    )
     assert service.compute(conn, waited).status == "computed"
     assert processors.worker_status(conn)["active_leases"] == 1
 
