@@ -103,11 +103,13 @@ def _compute(conn: Connection, claim: StatsClaim, started: float) -> ComputeResu
     if answer is not None:
         return answer
     # Renew the lease at the stage boundary; an expired lease resumed under the same
-    # token consumes a retry. A lease that holds no slot (lapsed, or past its retry
-    # time), or may lapse within the stage, is renewed only into a slot of the cap it
-    # takes and keeps locked to the commit.
-    slotless = run.ending or run.retry_not_before is not None
-    if slotless and not repo.renew_lapsed_lease(conn, claim.run_id):
+    # token consumes a retry. A batch's transaction is several statements sent from
+    # here, so no margin bounds how long it runs: its lease may lapse before it commits
+    # however far its end was. So the lease keeps its slot locked to the commit, or,
+    # holding none it can keep (lapsed, past its retry time), is renewed only into a
+    # free slot of the cap, locked likewise.
+    held = repo.hold_lease_slot(conn, claim.run_id)
+    if not held and not repo.renew_lapsed_lease(conn, claim.run_id):
         return ComputeResult("failed", reason=LAPSED_WITHOUT_SLOT)
     attempts = repo.renew_lease(conn, claim.run_id, settings.lease_seconds, run.expired)
     attempt = _Attempt(conn, claim, settings, started, attempts)

@@ -77,7 +77,6 @@ class RunState:
 
     phase: str
     expired: bool
-    ending: bool  # the lease may lapse before the stage commits (within its budget)
     backing_off: bool
     retry_not_before: datetime | None
     attempts: int

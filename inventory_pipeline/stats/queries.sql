@@ -114,20 +114,21 @@ RETURNING claim_budget_ms, compute_budget_ms, publish_budget_ms, lease_seconds,
 
 -- name: lock_run
 -- The run row, held through this stage (a live worker keeps it locked while it works).
--- `ending`: the lease may lapse before the stage commits (within its budget).
 SELECT r.id, r.job_id, r.user_id, r.phase, r.lease_until <= now() AS expired,
-       r.lease_until <= now() + make_interval(secs => st.compute_budget_ms / 1000.0 + 1)
-           AS ending,
        r.retry_not_before > now() AS backing_off, r.retry_not_before, r.attempts,
        r.target_version, r.base_applied_version, r.from_date, r.exercise_ids, r.payload,
        r.compute_ms, txid_current() AS xid
 FROM user_stats_projection_runs r
-CROSS JOIN stats_projection_worker_settings st
-WHERE r.id = %(run_id)s AND r.lease_token = %(lease_token)s AND st.id = 1
-FOR UPDATE OF r SKIP LOCKED;
+WHERE r.id = %(run_id)s AND r.lease_token = %(lease_token)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: hold_lease_slot
+-- An active lease keeps its slot locked to the commit (false: it holds none it can keep).
+SELECT stats_hold_lease_slot(%(run_id)s) AS held;
 
 -- name: renew_lapsed_lease
--- A lapsed lease takes a free slot of the cap before it is renewed (false: none free).
+-- A lease takes a free slot of the cap (its own first), locked to the commit, before it
+-- is renewed (false: none free).
 SELECT stats_renew_lapsed_lease(%(run_id)s) AS renewed;
 
 -- name: renew_lease

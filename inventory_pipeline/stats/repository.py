@@ -232,13 +232,18 @@ def lock_run(conn: Connection, claim: StatsClaim) -> RunState | None:
     return RunState(
         phase=row["phase"],
         expired=bool(row["expired"]),
-        ending=bool(row["ending"]),
         backing_off=bool(row["backing_off"]),
         retry_not_before=row["retry_not_before"],
         attempts=int(row["attempts"]),
         payload=dict(row["payload"]),
         xid=int(row["xid"]),
     )
+
+
+def hold_lease_slot(conn: Connection, run_id: int) -> bool:
+    """Whether an active lease locked the slot it holds to the commit (still active by
+    the clock, and held by no other lease, after the lock)."""
+    return bool(_one(conn, "hold_lease_slot", {"run_id": run_id})["held"])
 
 
 def renew_lapsed_lease(conn: Connection, run_id: int) -> bool:

@@ -434,3 +434,48 @@ def test_a_compute_running_as_its_lease_lapses_keeps_its_slot(
         time.sleep(1.2)  # the lease, as the run row still says, has lapsed
         assert service.claim(conn, "app", second, wait=False) is None
     assert processors.worker_status(conn)["active_leases"] == 1
+
+
+def test_a_batch_running_as_its_lease_lapses_keeps_its_slot(conn: Connection, db_url: str) -> None:
+    """Cap 1, a run in batches: a batch's transaction is several statements sent by the
+    worker, so it may run past its lease's end however far away that end was when it
+    started (here the transaction stays open past it). A claim made after the lapse does
+    not fill the run's slot (the batch renewing its lease would make two active leases
+    under cap 1)."""
+    big, other = uuid.uuid4(), users_with_work(conn, 1)[0]
+    sf.history(conn, big, sessions=60, exercises=120)
+    execute(
+        conn,
+        "UPDATE stats_projection_worker_settings SET active_lease_cap = 1, compute_budget_ms = 500",
+    )
+    batched = service.claim(conn, "w", big)
+    assert batched is not None
+    assert service.compute(conn, batched).status == "batch_pending"
+    # Beyond the compute budget and the second of margin a stage's single call needs.
+    sf.set_run(
+        conn,
+        batched.run_id,
+        batched.lease_token,
+        "lease_until = clock_timestamp() + interval '2 s'",
+    )
+    with connect(db_url) as computing, computing.transaction():
+        assert service.compute(computing, batched).status == "batch_pending"
+        time.sleep(2.2)  # the lease, as the run row still says, has lapsed
+        assert service.claim(conn, "app", other, wait=False) is None
+    assert processors.worker_status(conn)["active_leases"] == 1
+    assert processors.process_claim(conn, batched).outcome == "published"
+
+
+def test_a_batch_keeps_its_lease_under_a_lowered_cap(conn: Connection) -> None:
+    """A lowered cap is passed until the leases above it end: a run's next batch keeps
+    its active lease though the cap no longer counts it in."""
+    big, other = uuid.uuid4(), users_with_work(conn, 1)[0]
+    sf.history(conn, big, sessions=60, exercises=120)
+    execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 2")
+    batched = service.claim(conn, "w", big)
+    assert batched is not None
+    assert service.claim(conn, "app", other) is not None
+    assert service.compute(conn, batched).status == "batch_pending"
+    execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 1")
+    assert service.compute(conn, batched).status == "batch_pending"
+    assert processors.worker_status(conn)["active_leases"] == 2
