@@ -30,6 +30,11 @@ from inventory_pipeline.stats.models import (
 )
 
 
+class _NoFreeSlot(Exception):
+    """A batch's lease lapsed while it ran and no slot of the cap is free: its
+    transaction is rolled back."""
+
+
 @dataclass(frozen=True)
 class _Attempt:
     """One compute call: its claim, settings, start time and the run's attempt count."""
@@ -83,6 +88,8 @@ def compute(
                 return stepped
             # The run left its batches meanwhile (another worker restarted it under the
             # same token): the stage call prepares or computes it again.
+    except _NoFreeSlot:
+        return ComputeResult("failed", reason=LAPSED_WITHOUT_SLOT)
     except INTERRUPTIONS as exc:
         if not record_interruptions:
             raise
@@ -103,13 +110,10 @@ def _compute(conn: Connection, claim: StatsClaim, started: float) -> ComputeResu
     if answer is not None:
         return answer
     # Renew the lease at the stage boundary; an expired lease resumed under the same
-    # token consumes a retry. A batch's transaction is several statements sent from
-    # here, so no margin bounds how long it runs: its lease may lapse before it commits
-    # however far its end was. So the lease keeps its slot locked to the commit, or,
-    # holding none it can keep (lapsed, past its retry time), is renewed only into a
-    # free slot of the cap, locked likewise.
-    held = repo.hold_lease_slot(conn, claim.run_id)
-    if not held and not repo.renew_lapsed_lease(conn, claim.run_id):
+    # token consumes a retry. A lease that holds no slot (lapsed, or past its retry
+    # time) is renewed only into a free slot of the cap, locked to the commit.
+    slotted = run.expired or run.retry_not_before is not None
+    if slotted and not repo.renew_lapsed_lease(conn, claim.run_id):
         return ComputeResult("failed", reason=LAPSED_WITHOUT_SLOT)
     attempts = repo.renew_lease(conn, claim.run_id, settings.lease_seconds, run.expired)
     attempt = _Attempt(conn, claim, settings, started, attempts)
@@ -121,9 +125,24 @@ def _compute(conn: Connection, claim: StatsClaim, started: float) -> ComputeResu
         repo.clear_outputs(conn, claim.run_id)
         restart = {"_restarts": int(run.payload.get("_restarts", 0)) + 1}
         return _fail_attempt(attempt, restart, "inputs changed")
-    if cursor.stage == "batches":
-        return _run_batch(attempt, cursor, run.xid)
-    return _finalize(attempt, cursor)
+    step = (
+        _run_batch(attempt, cursor, run.xid)
+        if cursor.stage == "batches"
+        else _finalize(attempt, cursor)
+    )
+    # The step is several statements sent from here, so nothing bounds how long it ran:
+    # a lease that lapsed meanwhile (as others see it) held no slot, and a claim may
+    # have filled it. A step that leaves the lease active commits its renewal only
+    # while the lease outlasts the commit, or into a free slot of the cap; else the
+    # step is undone and the run stays as it was.
+    if (
+        not slotted
+        and step.status in ("batch_pending", "computed")
+        and not repo.lease_outlasts_commit(conn, run.lease_until)
+        and not repo.renew_lapsed_lease(conn, claim.run_id)
+    ):
+        raise _NoFreeSlot
+    return step
 
 
 def _answer_without_work(run: RunState) -> ComputeResult | None:

@@ -76,6 +76,7 @@ class RunState:
     """A run as its stage locked it (held for the stage's transaction)."""
 
     phase: str
+    lease_until: datetime  # as other transactions see it until this one commits
     expired: bool
     backing_off: bool
     retry_not_before: datetime | None

@@ -114,7 +114,7 @@ RETURNING claim_budget_ms, compute_budget_ms, publish_budget_ms, lease_seconds,
 
 -- name: lock_run
 -- The run row, held through this stage (a live worker keeps it locked while it works).
-SELECT r.id, r.job_id, r.user_id, r.phase, r.lease_until <= now() AS expired,
+SELECT r.id, r.job_id, r.user_id, r.phase, r.lease_until, r.lease_until <= now() AS expired,
        r.retry_not_before > now() AS backing_off, r.retry_not_before, r.attempts,
        r.target_version, r.base_applied_version, r.from_date, r.exercise_ids, r.payload,
        r.compute_ms, txid_current() AS xid
@@ -122,14 +122,15 @@ FROM user_stats_projection_runs r
 WHERE r.id = %(run_id)s AND r.lease_token = %(lease_token)s
 FOR UPDATE SKIP LOCKED;
 
--- name: hold_lease_slot
--- An active lease keeps its slot locked to the commit (false: it holds none it can keep).
-SELECT stats_hold_lease_slot(%(run_id)s) AS held;
-
 -- name: renew_lapsed_lease
 -- A lease takes a free slot of the cap (its own first), locked to the commit, before it
 -- is renewed (false: none free).
 SELECT stats_renew_lapsed_lease(%(run_id)s) AS renewed;
+
+-- name: lease_outlasts_commit
+-- Whether the lease as others see it (until this transaction commits) is still active
+-- a second from now, time enough for the commit that follows.
+SELECT %(lease_until)s::timestamptz > clock_timestamp() + interval '1 s' AS outlasts;
 
 -- name: renew_lease
 UPDATE user_stats_projection_runs

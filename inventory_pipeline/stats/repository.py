@@ -231,6 +231,7 @@ def lock_run(conn: Connection, claim: StatsClaim) -> RunState | None:
         return None
     return RunState(
         phase=row["phase"],
+        lease_until=row["lease_until"],
         expired=bool(row["expired"]),
         backing_off=bool(row["backing_off"]),
         retry_not_before=row["retry_not_before"],
@@ -240,10 +241,10 @@ def lock_run(conn: Connection, claim: StatsClaim) -> RunState | None:
     )
 
 
-def hold_lease_slot(conn: Connection, run_id: int) -> bool:
-    """Whether an active lease locked the slot it holds to the commit (still active by
-    the clock, and held by no other lease, after the lock)."""
-    return bool(_one(conn, "hold_lease_slot", {"run_id": run_id})["held"])
+def lease_outlasts_commit(conn: Connection, lease_until: datetime) -> bool:
+    """Whether a lease ending at `lease_until` is still active a second from now, time
+    enough for the commit that follows."""
+    return bool(_one(conn, "lease_outlasts_commit", {"lease_until": lease_until})["outlasts"])
 
 
 def renew_lapsed_lease(conn: Connection, run_id: int) -> bool:

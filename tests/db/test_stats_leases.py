@@ -8,8 +8,11 @@ import time
 import uuid
 from datetime import date
 
+import pytest
+
 from inventory_pipeline.db import Connection, connect, execute, fetch_one, transaction
 from inventory_pipeline.stats import processors, service
+from inventory_pipeline.stats import repository as stats_repository
 from inventory_pipeline.stats.models import StatsClaim
 from tests import stats_factories as sf
 
@@ -436,33 +439,50 @@ def test_a_compute_running_as_its_lease_lapses_keeps_its_slot(
     assert processors.worker_status(conn)["active_leases"] == 1
 
 
-def test_a_batch_running_as_its_lease_lapses_keeps_its_slot(conn: Connection, db_url: str) -> None:
-    """Cap 1, a run in batches: a batch's transaction is several statements sent by the
-    worker, so it may run past its lease's end however far away that end was when it
-    started (here the transaction stays open past it). A claim made after the lapse does
-    not fill the run's slot (the batch renewing its lease would make two active leases
-    under cap 1)."""
+@pytest.mark.parametrize("lowered", [False, True], ids=["in-its-slot", "above-a-lowered-cap"])
+def test_a_slow_batch_whose_lease_lapses_does_not_pass_the_cap(
+    conn: Connection, db_url: str, monkeypatch: pytest.MonkeyPatch, lowered: bool
+) -> None:
+    """Cap 1: a batch's transaction is several statements sent by the worker, so its
+    lease may lapse while it runs however far its end was when it started (here the
+    worker stalls inside the batch). A claim made after the lapse fills the slot; the
+    batch then does not commit its lease's renewal beside that one, whether its lease
+    held slot 1 or a slot above a cap lowered to 1 (two active leases under cap 1)."""
     big, other = uuid.uuid4(), users_with_work(conn, 1)[0]
     sf.history(conn, big, sessions=60, exercises=120)
-    execute(
-        conn,
-        "UPDATE stats_projection_worker_settings SET active_lease_cap = 1, compute_budget_ms = 500",
-    )
+    execute(conn, "UPDATE stats_projection_worker_settings SET compute_budget_ms = 500")
+    execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 2")
+    if lowered:  # the batched run holds slot 2
+        first = service.claim(conn, "w", users_with_work(conn, 1)[0])
+        assert first is not None
     batched = service.claim(conn, "w", big)
     assert batched is not None
     assert service.compute(conn, batched).status == "batch_pending"
-    # Beyond the compute budget and the second of margin a stage's single call needs.
-    sf.set_run(
-        conn,
-        batched.run_id,
-        batched.lease_token,
-        "lease_until = clock_timestamp() + interval '2 s'",
-    )
-    with connect(db_url) as computing, computing.transaction():
-        assert service.compute(computing, batched).status == "batch_pending"
-        time.sleep(2.2)  # the lease, as the run row still says, has lapsed
-        assert service.claim(conn, "app", other, wait=False) is None
+    if lowered:
+        assert processors.process_claim(conn, first).outcome == "published"
+    assert run_row(conn, batched.run_id)["lease_slot"] == (2 if lowered else 1)
+    execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 1")
+    # Beyond the compute budget and the second of margin a single call needs.
+    in_three_seconds = "lease_until = clock_timestamp() + interval '3 s'"
+    sf.set_run(conn, batched.run_id, batched.lease_token, in_three_seconds)
+    before = run_row(conn, batched.run_id)
+    claimed: list[StatsClaim | None] = []
+    real = stats_repository.compute_exercises
+
+    def stalled(*args: object, **kwargs: object) -> None:
+        time.sleep(3.3)  # the lease, as the run row says to everyone else, has lapsed
+        claimed.append(service.claim(conn, "app", other, wait=False))
+        real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(stats_repository, "compute_exercises", stalled)
+    with connect(db_url) as computing:
+        answer = service.compute(computing, batched)
+    monkeypatch.undo()
     assert processors.worker_status(conn)["active_leases"] == 1
+    assert claimed[0] is not None  # the lapsed lease held no slot
+    assert (answer.status, answer.reason) == ("failed", "lease lapsed and no slot is free")
+    assert run_row(conn, batched.run_id) == before  # the batch was undone
+    assert processors.process_claim(conn, claimed[0]).outcome == "published"
     assert processors.process_claim(conn, batched).outcome == "published"
 
 
