@@ -130,14 +130,17 @@ def _compute(conn: Connection, claim: StatsClaim, started: float) -> ComputeResu
         if cursor.stage == "batches"
         else _finalize(attempt, cursor)
     )
-    # The step is several statements sent from here, so nothing bounds how long it ran:
-    # a lease that lapsed meanwhile (as others see it) held no slot, and a claim may
-    # have filled it. A step that leaves the lease active commits its renewal only
-    # while the lease outlasts the commit, or into a free slot of the cap; else the
-    # step is undone and the run stays as it was.
+    # The step is several statements sent from here, so nothing bounds how long it ran
+    # or how long its commit waits (a caller's own transaction): a lease that lapses
+    # before the commit holds no slot as others see it, and a claim may fill it. A step
+    # that leaves the lease active keeps the lease's slot locked to the commit while the
+    # lease is still active; else (a slot above a lowered cap, or being filled) it
+    # relies on the lease outlasting the commit by a second; else it renews into a free
+    # slot of the cap. With none free the step is undone and the run stays as it was.
     if (
         not slotted
         and step.status in ("batch_pending", "computed")
+        and not repo.hold_lease_slot(conn, claim.run_id, run.lease_until)
         and not repo.lease_outlasts_commit(conn, run.lease_until)
         and not repo.renew_lapsed_lease(conn, claim.run_id)
     ):

@@ -127,6 +127,11 @@ FOR UPDATE SKIP LOCKED;
 -- is renewed (false: none free).
 SELECT stats_renew_lapsed_lease(%(run_id)s) AS renewed;
 
+-- name: hold_lease_slot
+-- The lease's slot locked to the commit while the lease (its end as others see it) is
+-- still active (false: the slot is above the cap, being filled, or the lease lapsed).
+SELECT stats_hold_lease_slot(%(run_id)s, %(lease_until)s) AS held;
+
 -- name: lease_outlasts_commit
 -- Whether the lease as others see it (until this transaction commits) is still active
 -- a second from now, time enough for the commit that follows.

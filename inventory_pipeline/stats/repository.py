@@ -241,6 +241,13 @@ def lock_run(conn: Connection, claim: StatsClaim) -> RunState | None:
     )
 
 
+def hold_lease_slot(conn: Connection, run_id: int, lease_until: datetime) -> bool:
+    """Whether the lease's slot is locked to the commit, the lease (ending at
+    `lease_until` as others see it) still active after the lock."""
+    row = _one(conn, "hold_lease_slot", {"run_id": run_id, "lease_until": lease_until})
+    return bool(row["held"])
+
+
 def lease_outlasts_commit(conn: Connection, lease_until: datetime) -> bool:
     """Whether a lease ending at `lease_until` is still active a second from now, time
     enough for the commit that follows."""
@@ -248,9 +255,9 @@ def lease_outlasts_commit(conn: Connection, lease_until: datetime) -> bool:
 
 
 def renew_lapsed_lease(conn: Connection, run_id: int) -> bool:
-    """Whether a lease that holds no slot, or may lapse within the stage, took a free
-    slot of the cap (its own first, locked to the commit), so that it may be renewed
-    without passing the cap."""
+    """Whether a lease that holds no slot (or may not by the commit) took a free slot of
+    the cap (its own first, locked to the commit), so that it may be renewed without
+    passing the cap."""
     return bool(_one(conn, "renew_lapsed_lease", {"run_id": run_id})["renewed"])
 
 

@@ -486,6 +486,29 @@ def test_a_slow_batch_whose_lease_lapses_does_not_pass_the_cap(
     assert processors.process_claim(conn, batched).outcome == "published"
 
 
+def test_a_batch_whose_commit_waits_past_its_lease_keeps_its_slot(
+    conn: Connection, db_url: str
+) -> None:
+    """Cap 1: a batch run in the caller's own transaction commits when the caller does,
+    here after its lease (as the run row still says) has lapsed. A claim made meanwhile
+    does not fill the run's slot (the batch renewing its lease would make two active
+    leases under cap 1)."""
+    big, other = uuid.uuid4(), users_with_work(conn, 1)[0]
+    sf.history(conn, big, sessions=60, exercises=120)
+    execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 1")
+    batched = service.claim(conn, "w", big)
+    assert batched is not None
+    assert service.compute(conn, batched).status == "batch_pending"
+    in_three_seconds = "lease_until = clock_timestamp() + interval '3 s'"
+    sf.set_run(conn, batched.run_id, batched.lease_token, in_three_seconds)
+    with connect(db_url) as computing, computing.transaction():
+        assert service.compute(computing, batched).status == "batch_pending"
+        time.sleep(3.3)
+        assert service.claim(conn, "app", other, wait=False) is None
+    assert processors.worker_status(conn)["active_leases"] == 1
+    assert processors.process_claim(conn, batched).outcome == "published"
+
+
 def test_a_batch_keeps_its_lease_under_a_lowered_cap(conn: Connection) -> None:
     """A lowered cap is passed until the leases above it end: a run's next batch keeps
     its active lease though the cap no longer counts it in."""
