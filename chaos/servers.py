@@ -9,6 +9,7 @@ binaries (both read from the server), run as the data directory's owner.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import random
@@ -57,6 +58,7 @@ class Server:
     def __init__(self, admin_url: str, restartable: bool, log: Path | None = None) -> None:
         self.admin_url = url_with_database(admin_url, "postgres")
         self.restartable = restartable
+        self.restarted = False
         self.log = log
         self._layout: tuple[str, str] | None = None
 
@@ -84,13 +86,18 @@ class Server:
         the server accepts connections."""
         if not self.restartable:
             raise RuntimeError("this server is not the harness's to restart")
+        self._pg_ctl("restart")
+        self.restarted = True
+        wait_until_up(self.admin_url)
+
+    def _pg_ctl(self, action: str) -> None:
+        """`pg_ctl <action> -m fast` on the server's data directory, as its owner."""
         data, bindir = self.layout()
         owner = pwd.getpwuid(os.stat(data).st_uid).pw_name
         command = [str(Path(bindir) / "pg_ctl"), "-D", data, "-w", "-m", "fast"]
         if self.log is not None:
             command += ["-l", str(self.log)]
-        _run_as_owner([*command, "restart"], owner)
-        wait_until_up(self.admin_url)
+        _run_as_owner([*command, action], owner)
 
     def stop(self) -> None:
         """Nothing to stop for a configured server."""
@@ -108,6 +115,11 @@ class EmbeddedChaosServer(Server):
         super().__init__(self.embedded.url("postgres"), True, self.folder / "pgdata" / "log")
 
     def stop(self) -> None:
+        """Stop the server and remove its folder. The wheel stops only the postmaster it
+        started, which a restart replaced: the harness stops the one it started."""
+        if self.restarted:
+            with contextlib.suppress(subprocess.CalledProcessError):  # already down
+                self._pg_ctl("stop")
         self.embedded.stop()
         shutil.rmtree(self.folder, ignore_errors=True)
 
