@@ -1,14 +1,13 @@
 -- A batch that keeps its lease holds the lease's slot to its commit.
 --
--- A batch's step is several statements sent by the worker, ended by a check that the
--- lease as others see it outlasts the commit. That check assumes the commit follows
--- within a second; a caller's own transaction around the step, or a worker stalled
--- before its commit, may end later, after the lease lapsed: a claim made then would
--- fill the slot the step's renewal keeps. So, after its work, the step locks its
--- lease's slot (the lock a claim takes to fill a slot, kept to the commit) and confirms,
--- after the lock, that the lease (its end as others see it, passed in) is still active
--- and no other lease holds the slot: from the lock on, no claim can take it. A slot
--- above a lowered cap is no claim's to fill, and is not locked.
+-- A batch's step is several statements sent by the worker, and its commit may wait on
+-- a caller's own transaction or a stalled worker, so no margin bounds when it commits:
+-- its lease may lapse first, and a claim made then would fill the slot the step's
+-- renewal keeps. So, after its work, the step locks its lease's slot (the lock a claim
+-- takes to fill a slot, kept to the commit) and confirms, after the lock, that the
+-- lease (its end as others see it, passed in) is still active and no other lease holds
+-- the slot: from the lock on, no claim can take it. A slot above a lowered cap is no
+-- claim's to fill, and is not locked.
 
 CREATE FUNCTION stats_hold_lease_slot(p_run_id bigint, p_lease_until timestamptz)
 RETURNS boolean

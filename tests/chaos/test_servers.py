@@ -12,6 +12,7 @@ from chaos.servers import EmbeddedChaosServer
 
 
 def postmaster(pgdata: Path) -> int:
+    """The running postmaster, from its pid file (the wheel keeps the one it started)."""
     return int((pgdata / "postmaster.pid").read_text().split()[0])
 
 
