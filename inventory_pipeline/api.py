@@ -22,7 +22,7 @@ from uuid import UUID
 
 from inventory_pipeline.db import Connection, DatabaseError, connect, transaction
 from inventory_pipeline.profiles import service as profiles
-from inventory_pipeline.stats import processors as stats
+from inventory_pipeline.stats import service as stats
 from inventory_pipeline.stats.models import AccountResult
 
 __all__ = [

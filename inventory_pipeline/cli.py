@@ -49,9 +49,10 @@ from inventory_pipeline.settings import (
     TmdbSettings,
 )
 from inventory_pipeline.stats import maintenance as stats_maintenance
-from inventory_pipeline.stats import processors as stats
 from inventory_pipeline.stats import runbook as stats_runbook
+from inventory_pipeline.stats import service as stats
 from inventory_pipeline.stats.models import WorkerSettings
+from inventory_pipeline.stats.service import MAX_ROUNDS as STATS_DRAIN_ROUNDS
 from inventory_pipeline.supervisor import (
     Children,
     Stopping,
@@ -227,7 +228,9 @@ def _stats_parser(sub: Subparsers) -> None:
         ["stats drain", "stats drain --rounds 10"],
         _stats_drain,
     )
-    drain.add_argument("--rounds", type=_count, default=50, help="claims to process")
+    drain.add_argument(
+        "--rounds", type=_count, default=STATS_DRAIN_ROUNDS, help="claims to process"
+    )
 
 
 def _proposals_parser(sub: Subparsers) -> None:
@@ -639,7 +642,8 @@ def _stats_drain(args: argparse.Namespace, settings: Settings) -> int:
     print(
         f"published {len(summary.published)} generations, "
         f"{summary.deferred} deferred, {summary.rejected} rejected, "
-        f"{summary.failed} failed" + ("; the worker is paused" if paused else "")
+        f"{summary.failed} failed, {summary.lost} lost, {summary.interrupted} interrupted"
+        + ("; the worker is paused" if paused else "")
     )
     return 0 if summary.failed == 0 else 1
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from inventory_pipeline.db.armed import ArmedCall, call_armed, fetch_one_armed
 from inventory_pipeline.db.connection import (
     Connection,
     Row,
@@ -10,6 +9,7 @@ from inventory_pipeline.db.connection import (
     execute,
     fetch_all,
     fetch_one,
+    fetch_one_armed,
     fetch_tuples,
     jsonb,
     savepoint,
@@ -36,7 +36,6 @@ from inventory_pipeline.db.errors import (
 )
 
 __all__ = [
-    "ArmedCall",
     "CheckViolation",
     "Connection",
     "DatabaseError",
@@ -55,7 +54,6 @@ __all__ = [
     "SchemaBehind",
     "SerializationFailure",
     "UniqueViolation",
-    "call_armed",
     "connect",
     "execute",
     "fetch_all",

@@ -251,6 +251,26 @@ def jsonb(value: Any) -> Jsonb:
     return Jsonb(value)
 
 
+def fetch_one_armed(
+    conn: Connection, arm: str, arm_params: Params, query: str, params: Params = None
+) -> Row | None:
+    """`query`'s first row, with `arm` (a statement that sets transaction-local settings,
+    such as a statement budget, which the server arms when a statement starts) run
+    first in the same transaction. On an autocommit connection outside a transaction
+    both go in one round trip through psycopg's pipeline mode and form one implicit
+    transaction, committed at its sync; inside the caller's transaction they run in a
+    savepoint, and commit with the caller."""
+    with translate_errors():
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            with conn.transaction():
+                conn.execute(arm, arm_params)
+                return conn.execute(query, params).fetchone()
+        with conn.pipeline():
+            conn.execute(arm, arm_params)
+            cursor = conn.execute(query, params)
+        return cursor.fetchone()
+
+
 def execute(conn: Connection, query: str, params: Params = None) -> int:
     """Run a statement; returns the affected row count."""
     with translate_errors():
@@ -348,6 +368,7 @@ __all__ = [
     "execute_script",
     "fetch_all",
     "fetch_one",
+    "fetch_one_armed",
     "fetch_tuples",
     "jsonb",
     "redact_url",

@@ -15,7 +15,7 @@ from typing import Any
 import dagster as dg
 
 from inventory_pipeline.defs.resources import QUEUE_TAG, InventoryDatabase, run_in_flight
-from inventory_pipeline.stats import maintenance, processors, runbook
+from inventory_pipeline.stats import maintenance, runbook, service
 from inventory_pipeline.stats.models import DrainSummary
 
 STATS_QUEUE = "stats_drain"
@@ -43,9 +43,10 @@ period_stats = dg.AssetSpec(
 
 
 class DrainConfig(dg.Config):
-    """The drain's round budget (one round: claim, compute and publish a batch)."""
+    """The drain's round budget (one round: a claim, then its compute steps and
+    publication)."""
 
-    max_rounds: int = 50
+    max_rounds: int = service.MAX_ROUNDS
 
 
 PUBLISHED_ROWS = 50  # generations listed in the PR overview's table; the counts cover all
@@ -93,9 +94,9 @@ def drain_stats(
         raise dg.Failure(f"max_rounds must be at least 1, got {budget}")
     owner = f"dagster:{context.run_id[:8]}"
     with inventory_db.connection() as conn:
-        summary = processors.drain(conn, owner, max_rounds=budget)
+        summary = service.drain(conn, owner, max_rounds=budget)
         if summary.published:
-            status = processors.worker_status(conn)
+            status = service.worker_status(conn)
             rollover = maintenance.rollover_overview(conn)
     metadata = summary.as_metadata()
     if summary.published:
@@ -128,7 +129,7 @@ def stats_refresh_sensor(
     context: dg.SensorEvaluationContext, inventory_db: InventoryDatabase
 ) -> dg.RunRequest | dg.SkipReason:
     with inventory_db.connection() as conn:
-        work = processors.work_waiting(conn)
+        work = service.work_waiting(conn)
     if work.paused:
         return dg.SkipReason(f"the stats worker is paused ({work.waiting} waiting)")
     if work.claimable == 0:

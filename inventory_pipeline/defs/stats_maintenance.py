@@ -87,7 +87,7 @@ def roll_pr_overview(config: RolloverConfig, inventory_db: InventoryDatabase) ->
         overview = maintenance.rollover_overview(conn)
     metadata: dict[str, dg.RawMetadataValue] = {
         "catalog_requests": catalog,
-        "rollover_rolled": rolled.rolled,
+        "rollover_requested": rolled.requested,
         "rollover_deferred": rolled.deferred,
         "rollover_failed": rolled.failed,
         "rollover_budget_spent": rolled.more,
@@ -96,7 +96,7 @@ def roll_pr_overview(config: RolloverConfig, inventory_db: InventoryDatabase) ->
         "failing_users": int(overview.get("failing_users") or 0),
         "oldest_success": str(overview.get("oldest_success") or "-"),
     }
-    return dg.Output(rolled.rolled + catalog, metadata=metadata)
+    return dg.Output(rolled.requested + catalog, metadata=metadata)
 
 
 @dg.job(executor_def=dg.in_process_executor, tags={QUEUE_TAG: MAINTENANCE_QUEUE})
@@ -165,8 +165,8 @@ class RetentionConfig(dg.Config):
 def prune_stats_history(
     context: dg.OpExecutionContext, config: RetentionConfig, inventory_db: InventoryDatabase
 ) -> dg.Output[int]:
-    """Bounded retention of the stats job history (failed jobs and the latest job per
-    user stay), then of the high-frequency stats jobs' Dagster runs."""
+    """Bounded retention of the catalog change log, then of the high-frequency stats
+    jobs' Dagster runs; refresh jobs and projection runs are never deleted."""
     batch = config.run_batch
     days = config.days
     if batch < 1 or days < 1:

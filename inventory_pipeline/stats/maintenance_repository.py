@@ -97,17 +97,17 @@ def request_generation(
 # -- rollover ------------------------------------------------------------------------
 
 
-def roll_one(
-    conn: Connection, after: tuple[datetime, UUID] | None, busy_error: str
+def request_rollover(
+    conn: Connection, after: tuple[datetime, UUID] | None
 ) -> tuple[datetime, UUID, str] | None:
-    """Roll the next due user after `after` in one call: (due time, user, outcome)."""
+    """The next due user's rollover after `after`, in one call: (due time, user,
+    outcome)."""
     row = fetch_one(
         conn,
-        QUERIES["roll_one"],
+        QUERIES["request_rollover"],
         {
             "after_due": None if after is None else after[0],
             "after_user": None if after is None else after[1],
-            "busy_error": busy_error,
         },
     )
     return None if row is None else (row["roll_due_at"], row["roll_user_id"], row["roll_outcome"])
@@ -194,10 +194,6 @@ def stale_users(conn: Connection, user_ids: tuple[UUID, ...]) -> list[tuple[UUID
 
 
 # -- retention -----------------------------------------------------------------------
-
-
-def prune_jobs(conn: Connection, days: int, limit: int) -> int:
-    return execute(conn, QUERIES["prune_jobs"], {"days": days, "limit": limit})
 
 
 def prune_catalog_log(conn: Connection, days: int, limit: int) -> int:

@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any, Literal
 from uuid import UUID
 
-from inventory_pipeline.db import LockNotAvailable, QueryCanceled
-
-# The compute responses (their meaning: stats/compute.py).
-ComputeStatus = Literal["computed", "batch_pending", "retry_pending", "failed"]
+# The compute responses (their meaning: `stats_compute_stage` in stats/schema.sql).
+ComputeStatus = Literal["computed", "batch_pending", "retry_pending", "failed", "lost"]
 BATCH_SIZE = 100  # the measured candidate boundary, not an unlimited safety guarantee
 TRANSACTION_BOUNDARY = "transaction_boundary_required"
-# A compute stage's answer for a run whose lease holds no slot (it lapsed, or the run
-# waited out a retry time) while every slot of the cap is held: it writes nothing, and
-# the run waits for a claim to take it back.
-LAPSED_WITHOUT_SLOT = "lease lapsed and no slot is free"
-
-# A stage's interruptions: its statement budget ran out or a lock was not available in
-# time (or the statement was canceled); a failed attempt with backoff, not a bug.
-INTERRUPTIONS = (QueryCanceled, LockNotAvailable)
+# The reason a stage gives when its statement budget ran out (a failed attempt with
+# backoff): what the scoped processor reports as worker_timed_out.
+BUDGET_SPENT = "statement budget spent (57014)"
 
 
 @dataclass(frozen=True)
@@ -35,15 +28,6 @@ class WorkerSettings:
     max_attempts: int
     retry_backoff_seconds: int
     paused: bool = False
-
-    def budget_ms(self, stage: Literal["claim", "compute", "publish"]) -> int:
-        """The statement budget a stage arms (each statement of the stage runs under it)."""
-        budgets = {
-            "claim": self.claim_budget_ms,
-            "compute": self.compute_budget_ms,
-            "publish": self.publish_budget_ms,
-        }
-        return budgets[stage]
 
 
 @dataclass(frozen=True)
@@ -72,74 +56,6 @@ class ExhaustedJob:
 
 
 @dataclass(frozen=True)
-class RunState:
-    """A run as its stage locked it (held for the stage's transaction)."""
-
-    phase: str
-    lease_until: datetime  # as other transactions see it until this one commits
-    expired: bool
-    backing_off: bool
-    retry_not_before: datetime | None
-    attempts: int
-    payload: dict[str, Any]
-    xid: int
-
-
-@dataclass(frozen=True)
-class BatchCursor:
-    """Where a batched compute stands, kept in the run's payload between transactions:
-    the frozen exercise list, the next offset, the inputs it was prepared on (source
-    revision and published base) and the transaction that last advanced it."""
-
-    stage: Literal["batches", "finalize"]
-    next_offset: int
-    exercises: tuple[str, ...]
-    source_revision: int
-    base: int
-    xid: int
-    output_revision: int = 1
-    retry_count: int = 0
-
-    @property
-    def total(self) -> int:
-        return len(self.exercises)
-
-    def next_chunk(self) -> tuple[str, ...]:
-        return self.exercises[self.next_offset : self.next_offset + BATCH_SIZE]
-
-    def advanced(self, done: int, xid: int) -> BatchCursor:
-        offset = self.next_offset + done
-        stage: Literal["batches", "finalize"] = "finalize" if offset >= self.total else "batches"
-        return replace(self, next_offset=offset, stage=stage, xid=xid)
-
-    def to_payload(self) -> dict[str, Any]:
-        return {
-            "stage": self.stage,
-            "next_offset": self.next_offset,
-            "exercises": list(self.exercises),
-            "total": self.total,
-            "source_revision": self.source_revision,
-            "base": self.base,
-            "output_revision": self.output_revision,
-            "retry_count": self.retry_count,
-            "xid": self.xid,
-        }
-
-    @classmethod
-    def from_payload(cls, raw: dict[str, Any]) -> BatchCursor:
-        return cls(
-            stage=raw["stage"],
-            next_offset=int(raw["next_offset"]),
-            exercises=tuple(raw["exercises"]),
-            source_revision=int(raw["source_revision"]),
-            base=int(raw["base"]),
-            xid=int(raw["xid"]),
-            output_revision=int(raw.get("output_revision", 1)),
-            retry_count=int(raw.get("retry_count", 0)),
-        )
-
-
-@dataclass(frozen=True)
 class ComputeResult:
     status: ComputeStatus
     stage: str | None = None
@@ -151,7 +67,9 @@ class ComputeResult:
 
 @dataclass(frozen=True)
 class PublishResult:
-    # lost: the run's lease was gone (expired, or another lease took the job).
+    # lost: no live lease under the claim's token (it lapsed, or another claim took the
+    # job back); retry_pending and failed: an attempt failed (its output kept for the
+    # retry, or the attempts spent and the range owed).
     status: Literal["published", "rejected", "lost", "retry_pending", "failed"]
     user_id: UUID
     generation: int
@@ -171,20 +89,19 @@ class ProcessResult:
     reason: str | None = None  # why the compute stage failed, when it did
 
     @property
-    def outcome(self) -> Literal["published", "rejected", "deferred", "failed"]:
-        """Published, rejected into a successor, deferred (a retry time, a pending batch,
-        or a lapsed lease with no slot free: the work resumes later) or failed."""
+    def outcome(self) -> Literal["published", "rejected", "deferred", "failed", "lost"]:
+        """Published, rejected into a successor, deferred (a retry time or a pending
+        batch: the work resumes later), failed (attempts spent, the range owed) or lost
+        (no live lease: the claim's recovery takes the run back)."""
         publication = self.publication
-        if publication is not None and publication.status == "published":
-            return "published"
-        if publication is not None and publication.status == "rejected":
-            return "rejected"
-        if publication is not None and publication.status == "retry_pending":
+        if publication is not None:
+            if publication.status == "retry_pending":
+                return "deferred"
+            return publication.status
+        if self.status in ("retry_pending", "batch_pending"):
             return "deferred"
-        if publication is None and self.status in ("retry_pending", "batch_pending"):
-            return "deferred"
-        if publication is None and self.reason == LAPSED_WITHOUT_SLOT:
-            return "deferred"
+        if self.status == "lost":
+            return "lost"
         return "failed"
 
 
@@ -216,21 +133,27 @@ class WorkWaiting:
 
 @dataclass(frozen=True)
 class DrainSummary:
-    published: tuple[tuple[UUID, int, int], ...]  # user, generation, batches
-    deferred: int
-    rejected: int
-    failed: int
-    rounds: int
-    passes: int = 1
+    """What a drain did: the generations it published, and how many claims ended
+    otherwise (deferred to a retry time or a later batch, rejected into a successor,
+    failed with their range owed, lost to the claim's recovery, or interrupted by a
+    database error that left the run to its lease)."""
 
-    def then(self, other: DrainSummary) -> DrainSummary:
-        return DrainSummary(
-            self.published + other.published,
-            self.deferred + other.deferred,
-            self.rejected + other.rejected,
-            self.failed + other.failed,
-            self.rounds + other.rounds,
-            self.passes + other.passes,
+    published: tuple[tuple[UUID, int, int], ...]  # user, generation, batches
+    deferred: int = 0
+    rejected: int = 0
+    failed: int = 0
+    lost: int = 0
+    interrupted: int = 0
+
+    @property
+    def rounds(self) -> int:
+        return (
+            len(self.published)
+            + self.deferred
+            + self.rejected
+            + self.failed
+            + self.lost
+            + self.interrupted
         )
 
     def as_metadata(self) -> dict[str, Any]:
@@ -241,8 +164,9 @@ class DrainSummary:
             "deferred": self.deferred,
             "rejected": self.rejected,
             "failed": self.failed,
+            "lost": self.lost,
+            "interrupted": self.interrupted,
             "rounds": self.rounds,
-            "passes": self.passes,
         }
 
 

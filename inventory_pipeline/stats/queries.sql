@@ -1,74 +1,31 @@
--- Every statement of training stats. Write functions, the merge-enqueue, the owed-range
--- trigger and the lease fence live in migrations (0005, 0012).
+-- Every statement of training stats the Python code sends. The tables, the write
+-- functions, the stage functions, the merge-enqueue, the owed-range trigger and the
+-- lease fence are in schema.sql (their current definitions; migrations/ holds the
+-- changes that produced them).
 
 -- name: arm_stage
--- Start of every stage, in one round trip: arm the stage's statement budget from the
--- settings row, declare the lease token this transaction acts under (the fence checks
--- it; '' declares none), and read the settings.
+-- Sent with every stage call, in the same transaction and round trip, before it: the
+-- stage's statement budget from the settings row (armed when the call starts) and the
+-- lease token the call acts under ('' declares none; the fence checks it).
 SELECT stats_projection_statement_budget(%(stage)s) AS budget_ms,
-       set_config('inventory.stats_lease_token', %(lease_token)s, true) AS lease_token,
-       claim_budget_ms, compute_budget_ms, publish_budget_ms, lease_seconds,
-       active_lease_cap, max_attempts, retry_backoff_seconds, paused
-FROM stats_projection_worker_settings WHERE id = 1;
-
--- name: arm_stage_call
--- Sent in the same round trip as a stage's server-side call, before it: the stage's
--- statement budget from the settings row (armed when the call starts; a stage with no
--- budget, or no settings row, is refused by set_config, never left unbounded), the
--- lease token it acts under, whether its transaction may commit without waiting for its
--- WAL flush, and a check every second that the worker is still connected: the calls
--- sent after this one in the round trip are already with the server, and a worker that
--- died must not leave them to run (a claim no one would work on).
-SELECT set_config('statement_timeout',
-                  coalesce(CASE %(stage)s::text
-                               WHEN 'claim' THEN st.claim_budget_ms
-                               WHEN 'compute' THEN st.compute_budget_ms
-                               WHEN 'publish' THEN st.publish_budget_ms
-                           END::text, 'no budget for stage ' || %(stage)s::text),
-                  true) AS budget_ms,
-       set_config('inventory.stats_lease_token', %(lease_token)s::text, true) AS lease_token,
-       CASE WHEN %(async_commit)s::boolean
-            THEN set_config('synchronous_commit', 'off', true) END AS async_commit,
-       set_config('client_connection_check_interval', '1000', true) AS connection_check_ms
-FROM (SELECT 1) AS one
-LEFT JOIN stats_projection_worker_settings st ON st.id = 1;
+       set_config('inventory.stats_lease_token', %(lease_token)s, true) AS lease_token;
 
 -- name: claim_stage
--- The claim stage as one call: no row when nothing was claimed, or while the caller's
--- previous run (after_run) is still claimed or computed.
+-- The claim stage as one call: no row when nothing was claimed.
 SELECT claim_run_id, claim_job_id, claim_user_id, claim_lease_token, claim_target_version,
        claim_base_applied_version, claim_from_date, claim_exercise_ids
-FROM stats_claim_stage(%(lock_owner)s::text, %(user_id)s::uuid, %(wait)s::boolean,
-                       %(after_run)s::bigint);
+FROM stats_claim_stage(%(lock_owner)s::text, %(user_id)s::uuid);
 
 -- name: compute_stage
--- The compute stage as one call for an account that needs no batches ('client': a run
--- in batches, which the caller computes step by step).
+-- One step of the compute stage (the whole computation, or a batch run's next step).
 SELECT compute_status, compute_stage, compute_next_offset, compute_total, compute_reason,
        compute_retry_not_before
 FROM stats_compute_stage(%(run_id)s::bigint, %(lease_token)s::uuid, %(batch_size)s::integer);
 
 -- name: publish_stage
--- The publish stage as one call (23503: a referenced row went away; the caller's own
--- path rejects into the successor).
-SELECT publish_status, publish_applied_version, publish_reason
+-- The publish stage as one call.
+SELECT publish_status, publish_applied_version, publish_reason, publish_retry_not_before
 FROM stats_publish_stage(%(run_id)s::bigint, %(lease_token)s::uuid);
-
--- name: retire_run
--- End a run that will not publish; its private output goes with it.
-WITH gone AS (
-    DELETE FROM stats_output_exercise WHERE run_id = %(run_id)s
-), gone_periods AS (
-    DELETE FROM stats_output_period WHERE run_id = %(run_id)s
-)
-UPDATE user_stats_projection_runs
-SET phase = %(phase)s, error = %(error)s, finished_at = now()
-WHERE id = %(run_id)s;
-
--- name: fail_job
-UPDATE user_exercise_stats_refresh_jobs
-SET status = 'failed', error_message = %(error)s, updated_at = now(), completed_at = now()
-WHERE id = %(job_id)s;
 
 -- name: lock_job
 SELECT id, user_id, status, metadata ->> 'retried_by' AS retried_by
@@ -111,153 +68,6 @@ SET claim_budget_ms = coalesce(%(claim_budget_ms)s, claim_budget_ms),
 WHERE id = 1
 RETURNING claim_budget_ms, compute_budget_ms, publish_budget_ms, lease_seconds,
           active_lease_cap, max_attempts, retry_backoff_seconds, paused;
-
--- name: lock_run
--- The run row, held through this stage (a live worker keeps it locked while it works).
-SELECT r.id, r.job_id, r.user_id, r.phase, r.lease_until, r.lease_until <= now() AS expired,
-       r.retry_not_before > now() AS backing_off, r.retry_not_before, r.attempts,
-       r.target_version, r.base_applied_version, r.from_date, r.exercise_ids, r.payload,
-       r.compute_ms, txid_current() AS xid
-FROM user_stats_projection_runs r
-WHERE r.id = %(run_id)s AND r.lease_token = %(lease_token)s
-FOR UPDATE SKIP LOCKED;
-
--- name: renew_lapsed_lease
--- A lease takes a free slot of the cap (its own first), locked to the commit, before it
--- is renewed (false: none free).
-SELECT stats_renew_lapsed_lease(%(run_id)s) AS renewed;
-
--- name: hold_lease_slot
--- The lease's slot locked to the commit while the lease (its end as others see it) is
--- still active (false: the slot is above the cap, being filled, or the lease lapsed).
-SELECT stats_hold_lease_slot(%(run_id)s, %(lease_until)s) AS held;
-
--- name: lease_outlasts_commit
--- Whether the lease as others see it (until this transaction commits) is still active
--- a second from now, time enough for the commit that follows.
-SELECT %(lease_until)s::timestamptz > clock_timestamp() + interval '1 s' AS outlasts;
-
--- name: renew_lease
-UPDATE user_stats_projection_runs
-SET lease_until = now() + make_interval(secs => %(lease_seconds)s),
-    attempts = attempts + %(consume_attempt)s
-WHERE id = %(run_id)s
-RETURNING attempts;
-
--- name: user_versions
-SELECT coalesce(requested_version, 0) AS requested_version,
-       coalesce(applied_version, 0) AS applied_version
-FROM (SELECT 1) AS one
-LEFT JOIN user_stats_refresh_state s ON s.user_id = %(user_id)s;
-
--- name: compute_exercises
--- One batch of a run in batches (the compute stage call computes every other run with
--- the same statement; a test keeps the two identical). Per exercise: sessions, working
--- sets, reps, volume (weight × reps over non-warm-up sets), heaviest weight, best Epley
--- estimate, first and last date. Set-based: no
--- per-exercise temporary relations (their locks exhausted shared lock memory, 53200).
-INSERT INTO stats_output_exercise
-    (run_id, exercise_id, sessions, working_sets, reps, volume, heaviest_kg, best_e1rm_kg,
-     first_date, last_date)
-SELECT %(run_id)s, ts.exercise_id,
-       count(DISTINCT s.id),
-       count(*) FILTER (WHERE NOT ts.warmup),
-       coalesce(sum(ts.reps) FILTER (WHERE NOT ts.warmup), 0),
-       coalesce(sum(ts.weight_kg * ts.reps) FILTER (WHERE NOT ts.warmup), 0),
-       max(ts.weight_kg) FILTER (WHERE NOT ts.warmup),
-       max(estimated_one_rep_max(ts.weight_kg, ts.reps)) FILTER (WHERE NOT ts.warmup),
-       min(s.session_date),
-       max(s.session_date)
-FROM training_sessions s
-JOIN training_sets ts ON ts.session_id = s.id
-WHERE s.user_id = %(user_id)s AND ts.exercise_id = ANY (%(exercise_ids)s::text[])
-GROUP BY ts.exercise_id;
-
--- name: compute_periods
--- The finalization of a run in batches (the compute stage call's same statement, kept
--- identical by a test). Per user per period (day, ISO week from Monday, month, quarter,
--- year) from the period holding from_date (NULL: all history).
-INSERT INTO stats_output_period
-    (run_id, period, period_start, sessions, working_sets, reps, volume)
-SELECT %(run_id)s, p.period, date_trunc(p.period, s.session_date)::date,
-       count(DISTINCT s.id),
-       count(ts.id) FILTER (WHERE ts.warmup IS FALSE),
-       coalesce(sum(ts.reps) FILTER (WHERE ts.warmup IS FALSE), 0),
-       coalesce(sum(ts.weight_kg * ts.reps) FILTER (WHERE ts.warmup IS FALSE), 0)
-FROM training_sessions s
-LEFT JOIN training_sets ts ON ts.session_id = s.id
-CROSS JOIN (VALUES ('day'), ('week'), ('month'), ('quarter'), ('year')) AS p (period)
-WHERE s.user_id = %(user_id)s
-  AND (%(from_date)s::date IS NULL
-       OR s.session_date >= date_trunc(p.period, %(from_date)s::date)::date)
-GROUP BY 2, 3;
-
--- name: clear_outputs
-WITH gone AS (DELETE FROM stats_output_exercise WHERE run_id = %(run_id)s)
-DELETE FROM stats_output_period WHERE run_id = %(run_id)s;
-
--- name: save_run
-UPDATE user_stats_projection_runs
-SET phase = %(phase)s::text, payload = %(payload)s, compute_ms = compute_ms + %(elapsed_ms)s,
-    retry_not_before = CASE WHEN %(retry_seconds)s::integer IS NULL THEN NULL
-                            ELSE now() + make_interval(secs => %(retry_seconds)s) END,
-    attempts = %(attempts)s, error = %(error)s,
-    finished_at = CASE WHEN %(phase)s::text IN ('failed', 'rejected') THEN now() END
-WHERE id = %(run_id)s
-RETURNING retry_not_before;
-
--- name: defer_run
--- A failed publication attempt: the computed output stays, the run waits out its retry.
-UPDATE user_stats_projection_runs
-SET attempts = %(attempts)s, error = %(error)s,
-    retry_not_before = now() + make_interval(secs => %(retry_seconds)s)
-WHERE id = %(run_id)s
-RETURNING retry_not_before;
-
--- name: lock_publish
--- A rejection outside the publish stage call: the computed run under its live lease,
--- then (lock_user_publish, lock_state) the user's state row, as the stage call locks.
-SELECT r.id
-FROM user_stats_projection_runs r
-WHERE r.id = %(run_id)s AND r.lease_token = %(lease_token)s
-  AND r.phase = 'computed' AND r.lease_until > now()
-FOR UPDATE;
-
--- name: lock_user_publish
--- Concurrent workers for one user serialize build and publish (the stage call's lock).
-SELECT pg_advisory_xact_lock(hashtextextended('stats_publish:' || %(user_id)s::text, 0));
-
--- name: lock_state
-INSERT INTO user_stats_refresh_state (user_id) VALUES (%(user_id)s)
-ON CONFLICT (user_id) DO UPDATE SET user_id = EXCLUDED.user_id
-RETURNING requested_version, applied_version;
-
--- name: supersede_job
--- A rejected payload: its scope moves into the successor (merge-enqueue), the job ends.
--- The successor's generation is newer than the applied one (a new generation when the
--- job's own is not), so it can publish.
-WITH job AS (
-    SELECT j.id, j.user_id, j.from_date, j.exercise_ids, j.requested_version,
-           coalesce(s.applied_version, 0) AS applied_version
-    FROM user_exercise_stats_refresh_jobs j
-    LEFT JOIN user_stats_refresh_state s ON s.user_id = j.user_id
-    WHERE j.id = %(job_id)s
-),
-successor AS (
-    SELECT enqueue_user_exercise_stats_refresh_job(
-        job.user_id, 'manual_refresh', job.from_date, job.exercise_ids,
-        'rejected payload rescheduled', 'job:' || job.id,
-        CASE WHEN job.requested_version > job.applied_version THEN job.requested_version
-             ELSE bump_stats_requested_version(job.user_id) END) AS id
-    FROM job
-)
-UPDATE user_exercise_stats_refresh_jobs j
-SET status = 'completed', completed_at = now(), updated_at = now(),
-    error_message = %(error)s,
-    metadata = j.metadata || jsonb_build_object('superseded_by', successor.id)
-FROM successor
-WHERE j.id = %(job_id)s
-RETURNING successor.id AS successor_id;
 
 -- name: remaining_users
 SELECT count(DISTINCT user_id) AS users FROM user_exercise_stats_refresh_jobs
@@ -338,10 +148,8 @@ ORDER BY id;
 -- alike: what a claim could take now (pending jobs of users with no live job, runs due
 -- to resume, dead workers' runs), the lease slots free, and the pause switch.
 SELECT st.paused,
-       greatest(st.active_lease_cap - (
-           SELECT count(*) FROM user_stats_projection_runs r
-           WHERE r.phase IN ('claimed', 'computed')
-             AND stats_run_is_active(r.phase, r.lease_until, r.retry_not_before)), 0)
+       (SELECT count(*) FROM stats_lease_slots l
+        WHERE l.slot <= st.active_lease_cap AND NOT stats_slot_is_held(l.run_id))
            AS free_slots,
        (SELECT count(*) FROM user_exercise_stats_refresh_jobs j
         WHERE j.status = 'pending'
@@ -423,14 +231,12 @@ SET due_at = EXCLUDED.due_at,
     last_success_at = now(),
     updated_at = now();
 
--- name: set_lock_timeout
-SET LOCAL lock_timeout = '1s';
-
--- name: roll_one
--- One user's rollover as one call (migration 0015), its own transaction: the next due
--- user after the tick's last one; no row when nobody is due.
+-- name: request_rollover
+-- One due user's rollover as one call, its own transaction: the next due user after
+-- the tick's last one gets a new generation requested (or waits for its pending one);
+-- no row when nobody is due.
 SELECT roll_due_at, roll_user_id, roll_outcome
-FROM stats_roll_one(%(after_due)s::timestamptz, %(after_user)s::uuid, %(busy_error)s);
+FROM stats_request_rollover(%(after_due)s::timestamptz, %(after_user)s::uuid);
 
 -- name: request_generation
 -- A new generation for one user: the worker publishes it (never a patch of the applied
@@ -586,27 +392,6 @@ WHERE NOT EXISTS (
 )
 GROUP BY user_id
 ORDER BY user_id;
-
--- name: prune_jobs
--- Retention bounds the job history without losing what an operator inspects: completed
--- jobs older than the retention that are not their user's latest job and had no failed
--- attempt go (their runs and outputs with them, by foreign key). Failed jobs, jobs with
--- a failed run, each user's latest job, open work and canonical data stay.
-WITH doomed AS (
-    SELECT j.id FROM user_exercise_stats_refresh_jobs j
-    WHERE j.status = 'completed'
-      AND j.completed_at < now() - make_interval(days => %(days)s)
-      AND EXISTS (
-          SELECT 1 FROM user_exercise_stats_refresh_jobs later
-          WHERE later.user_id = j.user_id AND later.id > j.id)
-      AND NOT EXISTS (
-          SELECT 1 FROM user_stats_projection_runs r
-          WHERE r.job_id = j.id AND r.phase = 'failed')
-    ORDER BY j.completed_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-DELETE FROM user_exercise_stats_refresh_jobs j USING doomed WHERE j.id = doomed.id;
 
 -- name: prune_catalog_log
 -- The catalog change log is execution history: the tokens carry every request.

@@ -1,12 +1,193 @@
-"""The stats worker's three committed stages, each its own transaction and module:
-claim (attempt + lease), compute (private output, batched for large accounts), publish
-(atomic replacement of the public projections and applied_version). Each stage arms its
-statement budget from the settings row and declares its lease token for the fence."""
+"""The stats worker: three committed stages, each one server-side call in a transaction
+of its own (claim: an attempt and a lease; compute: private output, one step per call;
+publish: the public projections and applied_version, atomically), and the drivers that
+run them: the drain (what the Dagster drain and `stats drain` run), the one-owner
+synchronous door and the scoped single-user processor. The stages decide every outcome
+in the database (docs/training-stats.md); this module only sequences them.
+
+A database error a stage call raises changed nothing. A transient one (a deadlock, a
+serialization failure, a cancel, a lock timeout) leaves the run to its lease, and the
+claim's recovery takes it back when the lease lapses; any other one is raised.
+"""
 
 from __future__ import annotations
 
-from inventory_pipeline.stats.claim import claim
-from inventory_pipeline.stats.compute import compute
-from inventory_pipeline.stats.publish import publish
+from typing import Any, Literal
+from uuid import UUID
 
-__all__ = ["claim", "compute", "publish"]
+from inventory_pipeline.db import (
+    Connection,
+    DeadlockDetected,
+    LockNotAvailable,
+    QueryCanceled,
+    SerializationFailure,
+    savepoint,
+)
+from inventory_pipeline.stats import rebuild
+from inventory_pipeline.stats import repository as repo
+from inventory_pipeline.stats.models import (
+    BATCH_SIZE,
+    BUDGET_SPENT,
+    TRANSACTION_BOUNDARY,
+    AccountResult,
+    ComputeResult,
+    DrainSummary,
+    ExhaustedJob,
+    ProcessResult,
+    PublishResult,
+    StatsClaim,
+    WorkWaiting,
+)
+from inventory_pipeline.stats.rebuild import RebuildProgress
+from inventory_pipeline.stats.runbook import status as worker_status
+
+__all__ = [
+    "claim",
+    "compute",
+    "drain",
+    "process",
+    "process_one_account",
+    "process_user",
+    "publish",
+    "read_pr_overview",
+    "request_rebuild",
+    "work_waiting",
+    "worker_status",
+]
+
+# Errors after which the same call may succeed: the call was rolled back whole.
+TRANSIENT = (DeadlockDetected, SerializationFailure, QueryCanceled, LockNotAvailable)
+# Claims one `claim` call makes at most: a claim that failed a job past the attempt cap
+# ends there (one owner a transaction), and one hit by a transient error is made again.
+CLAIM_TRIES = 5
+# Claims one drain makes at most (a run of the Dagster drain job, or `stats drain`).
+MAX_ROUNDS = 2_000
+
+
+def claim(conn: Connection, lock_owner: str, user_id: UUID | None = None) -> StatsClaim | None:
+    """Claim the next work, oldest first, or the given user's (None: nothing claimable
+    now, paused, or no lease slot free). The claim never waits for a lock: it passes by
+    a user another claim or a scoped processor holds."""
+    for _ in range(CLAIM_TRIES):
+        try:
+            answer = repo.claim_stage(conn, lock_owner, user_id)
+        except TRANSIENT:
+            continue
+        if not isinstance(answer, ExhaustedJob):
+            return answer
+    return None
+
+
+def compute(conn: Connection, claimed: StatsClaim) -> ComputeResult:
+    """One compute step: the whole computation, or a batch run's next step (commit, then
+    call again while it answers batch_pending)."""
+    return repo.compute_stage(conn, claimed, BATCH_SIZE)
+
+
+def publish(conn: Connection, claimed: StatsClaim) -> PublishResult:
+    return repo.publish_stage(conn, claimed)
+
+
+def process(conn: Connection, claimed: StatsClaim) -> ProcessResult:
+    """Compute step by step until the run is computed, then publish. Inside a caller's
+    transaction the cursor cannot advance: the first transaction_boundary_required ends
+    the call with batch_pending."""
+    batches = 0
+    while True:
+        result = compute(conn, claimed)
+        if result.status != "batch_pending":
+            break
+        if result.reason == TRANSACTION_BOUNDARY:
+            return ProcessResult("batch_pending", batches)
+        batches += 1
+    if result.status != "computed":
+        return ProcessResult(result.status, batches, reason=result.reason)
+    return ProcessResult("computed", max(batches, 1), publish(conn, claimed))
+
+
+def drain(conn: Connection, lock_owner: str, max_rounds: int = MAX_ROUNDS) -> DrainSummary:
+    """Claim and process until a claim finds nothing or `max_rounds` claims were made.
+    Nothing is claimed while paused."""
+    published: list[tuple[UUID, int, int]] = []
+    counts = {"deferred": 0, "rejected": 0, "failed": 0, "lost": 0, "interrupted": 0}
+    for _ in range(max_rounds):
+        claimed = claim(conn, lock_owner)
+        if claimed is None:
+            break
+        try:
+            result = process(conn, claimed)
+        except TRANSIENT:
+            counts["interrupted"] += 1
+            continue
+        if result.outcome == "published":
+            published.append((claimed.user_id, claimed.target_version, result.batches))
+        else:
+            counts[result.outcome] += 1
+    return DrainSummary(tuple(published), **counts)
+
+
+def work_waiting(conn: Connection) -> WorkWaiting:
+    """The one definition of work waiting, for the sensor and the drain alike."""
+    return repo.waiting_work(conn)
+
+
+def process_one_account(conn: Connection, lock_owner: str) -> AccountResult:
+    """The one-owner synchronous door: exactly one account per call; a caller drains by
+    looping while has_more. A pending batch is deferred, not counted as completed."""
+    claimed = claim(conn, lock_owner)
+    if claimed is None:
+        remaining = repo.remaining_users(conn)
+        return AccountResult(None, "idle", None, remaining > 0, remaining)
+    result = process(conn, claimed)
+    remaining = repo.remaining_users(conn)
+    outcome = "deferred" if result.outcome == "lost" else result.outcome
+    return AccountResult(
+        claimed.user_id,
+        outcome,
+        claimed.target_version,
+        remaining > 0,
+        remaining,
+        result.batches,
+    )
+
+
+def process_user(conn: Connection, user_id: UUID, lock_owner: str) -> AccountResult:
+    """The scoped single-user processor: claim, compute and publish one user's job in
+    one subtransaction. When a stage runs out of its statement budget, the
+    subtransaction rolls back, the job stays pending and the answer is
+    worker_timed_out; a client's or operator's cancel is raised. An account that needs
+    batches is deferred to the worker (batches need their own transactions). The
+    uncommitted claim holds the user and its lease slot: other claims pass them by."""
+    outcome: Literal["published", "rejected", "deferred", "worker_timed_out"]
+    generation: int | None = None
+    with savepoint(conn) as subtransaction:
+        claimed = claim(conn, lock_owner, user_id)
+        if claimed is None:
+            remaining = repo.remaining_users(conn, user_id)
+            return AccountResult(user_id, "idle", None, remaining > 0, remaining)
+        computed = compute(conn, claimed)
+        publication = publish(conn, claimed) if computed.status == "computed" else None
+        if publication is not None and publication.status in ("published", "rejected"):
+            outcome = "published" if publication.status == "published" else "rejected"
+            generation = claimed.target_version
+        else:
+            reason = computed.reason if publication is None else publication.reason
+            outcome = "worker_timed_out" if reason == BUDGET_SPENT else "deferred"
+            subtransaction.rollback()
+    remaining = repo.remaining_users(conn, user_id)
+    return AccountResult(
+        user_id, outcome, generation, remaining > 0, remaining, 1 if generation else 0
+    )
+
+
+def request_rebuild(conn: Connection, user_ids: list[UUID] | None) -> RebuildProgress:
+    """Enqueue full-history ranges through the queue (never around it), one user per
+    transaction (see `rebuild.py`)."""
+    return rebuild.request_rebuild(conn, user_ids)
+
+
+def read_pr_overview(conn: Connection, user_id: UUID, as_of: Any) -> list[dict[str, Any]]:
+    """The fail-closed reader: raises ObjectNotInPrerequisiteState (SQLSTATE 55000)
+    unless the applied generation has a snapshot for exactly this date; each row says
+    whether the generation is stale."""
+    return repo.read_pr_overview(conn, user_id, as_of)

@@ -1,0 +1,1366 @@
+-- The stats worker made simple enough to hold in one's head, and right where users meet
+-- it. What this changes (the whole current definition of each object is in
+-- inventory_pipeline/stats/schema.sql):
+--
+-- * Lease slots are rows: `stats_lease_slots` holds one row per slot of the cap and the
+--   run that holds it. A slot is free when its run holds no active lease (the run's own
+--   lease end stays the one truth). A claim takes a free row with FOR UPDATE SKIP LOCKED
+--   and writes its run into it; a stage renewing its lease locks its row first, so a
+--   claim never fills a slot whose lease is being renewed, and a renewal finds out when
+--   a claim took its slot after its lease lapsed. The lock and the occupancy are one
+--   row, so at most `active_lease_cap` leases are active, with no advisory slot locks.
+--   The former slot functions and `user_stats_projection_runs.lease_slot` go.
+-- * A claim never waits for a user: it takes the user's lock (`stats_user_lock`) with a
+--   try, and passes by a user another claim or a scoped processor holds. It starts the
+--   user's oldest pending job only, so jobs of a user publish in the order they were
+--   created.
+-- * A save merges into the user's newest pending job (a new one when a claim holds it),
+--   so a later save never lands in a job older than the one an earlier save created.
+-- * Every stage needs a live lease under its token: a lapsed lease belongs to the
+--   claim's recovery (resume or revive), never renewed by the stage that finds it.
+-- * The compute stage does one step per call for every account, batched or not; a
+--   step's own failures (its statement budget, a data error) are a failed attempt with
+--   backoff, recorded by the stage, and the attempt is invalid only when the published
+--   base moved (a save meanwhile does not invalidate it).
+-- * The publish stage rejects a payload whose referenced row went away (23503) itself,
+--   and records an interrupted publication as a failed attempt.
+-- * The write surface refuses, with one line naming the field, what the worker cannot
+--   compute or a reader cannot load: dates outside 0001-01-01 .. 9999-12-31, weights that
+--   are not finite numbers in range, reps outside 0 .. 1000, unknown exercises, more than
+--   1,000 sets. The tables refuse NaN weights and out-of-range dates too.
+-- * Manual PR writes record mutation receipts, as session writes do.
+-- * The rollover requests a new generation through the queue instead of rewriting the
+--   applied generation's window (`stats_roll_one` goes).
+
+-- == Values the worker can compute and a reader can load ==============================
+
+ALTER TABLE training_sessions
+    DROP CONSTRAINT training_sessions_session_date_finite,
+    ADD CONSTRAINT training_sessions_session_date_in_range
+        CHECK (session_date BETWEEN DATE '0001-01-01' AND DATE '9999-12-31');
+ALTER TABLE user_manual_pr_records
+    DROP CONSTRAINT user_manual_pr_records_recorded_on_finite,
+    ADD CONSTRAINT user_manual_pr_records_recorded_on_in_range
+        CHECK (recorded_on BETWEEN DATE '0001-01-01' AND DATE '9999-12-31');
+-- PostgreSQL orders NaN above every number, so `weight_kg >= 0` alone admits it.
+ALTER TABLE training_sets
+    DROP CONSTRAINT training_sets_weight_kg_check,
+    ADD CONSTRAINT training_sets_weight_kg_check
+        CHECK (weight_kg >= 0 AND weight_kg <> 'NaN'::numeric);
+ALTER TABLE user_manual_pr_records
+    DROP CONSTRAINT user_manual_pr_records_weight_kg_check,
+    ADD CONSTRAINT user_manual_pr_records_weight_kg_check
+        CHECK (weight_kg > 0 AND weight_kg <> 'NaN'::numeric);
+
+-- == Receipts of manual PR writes =====================================================
+
+ALTER TABLE stats_mutation_receipts
+    ALTER COLUMN session_id DROP NOT NULL,
+    ADD COLUMN manual_pr_record_id bigint,
+    ADD CONSTRAINT stats_mutation_receipts_one_subject
+        CHECK (num_nonnulls(session_id, manual_pr_record_id) = 1);
+
+-- == Lease slots as rows ===============================================================
+
+CREATE TABLE stats_lease_slots (
+    slot integer PRIMARY KEY CHECK (slot > 0),
+    run_id bigint
+);
+INSERT INTO stats_lease_slots (slot)
+SELECT s FROM stats_projection_worker_settings st, generate_series(1, st.active_lease_cap) AS s;
+-- Leases active now keep their slots.
+UPDATE stats_lease_slots s
+SET run_id = r.id
+FROM user_stats_projection_runs r
+WHERE r.lease_slot = s.slot
+  AND stats_run_is_active(r.phase, r.lease_until, r.retry_not_before);
+
+DROP FUNCTION stats_claim_stage(text, uuid, boolean, bigint);
+DROP FUNCTION stats_hold_lease_slot(bigint, timestamptz);
+DROP FUNCTION stats_renew_lapsed_lease(bigint);
+DROP FUNCTION stats_lease_slot_held(integer);
+DROP FUNCTION stats_lease_slot_held_by_another(integer, bigint);
+DROP FUNCTION stats_roll_one(timestamptz, uuid, text);
+ALTER TABLE user_stats_projection_runs DROP COLUMN lease_slot;
+
+-- A slot is held while its run holds an active lease: claimed or computed, not lapsed,
+-- not waiting out a retry time. A run that finishes or backs off frees it at once.
+CREATE FUNCTION stats_slot_is_held(p_run_id bigint) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT EXISTS (SELECT 1 FROM user_stats_projection_runs r
+                   WHERE r.id = p_run_id
+                     AND stats_run_is_active(r.phase, r.lease_until, r.retry_not_before))
+$$;
+
+-- The cap's rows follow the settings: raising the cap adds rows, lowering it removes the
+-- free rows above it (a row still held above it is never taken again and goes with a
+-- later change once free).
+CREATE FUNCTION stats_fit_lease_slots() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    INSERT INTO stats_lease_slots (slot)
+    SELECT s FROM generate_series(1, NEW.active_lease_cap) AS s
+    ON CONFLICT (slot) DO NOTHING;
+    DELETE FROM stats_lease_slots l
+    WHERE l.slot IN (SELECT f.slot FROM stats_lease_slots f
+                     WHERE f.slot > NEW.active_lease_cap AND NOT stats_slot_is_held(f.run_id)
+                     FOR UPDATE SKIP LOCKED);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER stats_projection_worker_settings_fit_slots
+AFTER UPDATE OF active_lease_cap ON stats_projection_worker_settings
+FOR EACH ROW EXECUTE FUNCTION stats_fit_lease_slots();
+
+
+-- == Shared pieces of the stages =======================================================
+
+-- The one lock of a user's worker side: a claim starting the user's job takes it with a
+-- try (and passes the user by when another holds it), a publication waits for it.
+CREATE FUNCTION stats_user_lock(p_user_id uuid) RETURNS bigint
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT hashtextextended('stats_user:' || p_user_id::text, 0) $$;
+
+-- Renew a live lease at a stage boundary: the lease's slot row is locked first (to the
+-- commit: no claim can take it meanwhile), then the run's lease end moves. False when
+-- the slot is no longer this run's (its lease lapsed as the stage began and a claim
+-- took the slot, whose lock this waited for): the stage then works no further.
+CREATE FUNCTION stats_renew_lease(p_run_id bigint, p_lease_seconds integer) RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM 1 FROM stats_lease_slots WHERE run_id = p_run_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    UPDATE user_stats_projection_runs
+    SET lease_until = now() + make_interval(secs => p_lease_seconds)
+    WHERE id = p_run_id;
+    RETURN true;
+END
+$$;
+
+-- Write a claimed run into the slot the claim took, and out of any other slot it was
+-- left in (a slot its lapsed lease held, now free, unless another claim is taking it).
+CREATE FUNCTION stats_fill_slot(p_slot integer, p_run_id bigint) RETURNS void
+LANGUAGE sql
+AS $$
+    UPDATE stats_lease_slots SET run_id = NULL
+    WHERE slot IN (SELECT l.slot FROM stats_lease_slots l
+                   WHERE l.run_id = p_run_id AND l.slot <> p_slot
+                   FOR UPDATE SKIP LOCKED);
+    UPDATE stats_lease_slots SET run_id = p_run_id WHERE slot = p_slot;
+$$;
+
+-- Did this stage call run out of its statement budget? A statement timeout and a
+-- client's or operator's cancel share SQLSTATE 57014; the timeout fires exactly when the
+-- call has run for its budget, so a cancel that came earlier was not it.
+CREATE FUNCTION stats_budget_spent(p_stage text) RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT clock_timestamp() - statement_timestamp()
+           >= make_interval(secs => CASE p_stage
+                                        WHEN 'claim' THEN st.claim_budget_ms
+                                        WHEN 'compute' THEN st.compute_budget_ms
+                                        WHEN 'publish' THEN st.publish_budget_ms
+                                    END / 1000.0)
+    FROM stats_projection_worker_settings st WHERE st.id = 1
+$$;
+
+-- A failed attempt of a run: attempt n waits n x retry_backoff_seconds with `p_payload`
+-- kept (its cursor, or its computed output); past max_attempts the run and its job fail,
+-- the run's private output goes, and the job's range is owed (trigger). Returns the
+-- retry time (NULL: failed for good).
+CREATE FUNCTION stats_fail_attempt(p_run_id bigint, p_error text, p_payload jsonb)
+RETURNS timestamptz
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    run record;
+    v_retry timestamptz;
+BEGIN
+    SELECT r.job_id, r.attempts, st.max_attempts, st.retry_backoff_seconds INTO run
+    FROM user_stats_projection_runs r
+    JOIN stats_projection_worker_settings st ON st.id = 1
+    WHERE r.id = p_run_id;
+    IF run.attempts >= run.max_attempts THEN
+        DELETE FROM stats_output_exercise o WHERE o.run_id = p_run_id;
+        DELETE FROM stats_output_period o WHERE o.run_id = p_run_id;
+        UPDATE user_stats_projection_runs r
+        SET phase = 'failed', payload = p_payload, error = p_error, finished_at = now()
+        WHERE r.id = p_run_id;
+        UPDATE user_exercise_stats_refresh_jobs j
+        SET status = 'failed', error_message = p_error, updated_at = now(),
+            completed_at = now()
+        WHERE j.id = run.job_id;
+        RETURN NULL;
+    END IF;
+    v_retry := now() + make_interval(secs => run.attempts * run.retry_backoff_seconds);
+    UPDATE user_stats_projection_runs r
+    SET attempts = r.attempts + 1, retry_not_before = v_retry, payload = p_payload,
+        error = p_error
+    WHERE r.id = p_run_id;
+    RETURN v_retry;
+END
+$$;
+
+-- A payload that will not be published: the run ends with its private output, and its
+-- job's range moves into the user's successor job with a generation newer than the
+-- applied one (merge-enqueue), so generations never go back.
+CREATE FUNCTION stats_reject_run(p_run_id bigint, p_reason text) RETURNS bigint
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_job bigint;
+    v_successor bigint;
+BEGIN
+    DELETE FROM stats_output_exercise o WHERE o.run_id = p_run_id;
+    DELETE FROM stats_output_period o WHERE o.run_id = p_run_id;
+    UPDATE user_stats_projection_runs r
+    SET phase = 'rejected', error = p_reason, finished_at = now()
+    WHERE r.id = p_run_id
+    RETURNING r.job_id INTO v_job;
+    SELECT enqueue_user_exercise_stats_refresh_job(
+        j.user_id, 'manual_refresh', j.from_date, j.exercise_ids,
+        'rejected payload rescheduled', 'job:' || j.id,
+        CASE WHEN j.requested_version > coalesce(s.applied_version, 0) THEN j.requested_version
+             ELSE bump_stats_requested_version(j.user_id) END)
+    INTO v_successor
+    FROM user_exercise_stats_refresh_jobs j
+    LEFT JOIN user_stats_refresh_state s ON s.user_id = j.user_id
+    WHERE j.id = v_job;
+    UPDATE user_exercise_stats_refresh_jobs j
+    SET status = 'completed', completed_at = now(), updated_at = now(),
+        error_message = 'superseded: ' || p_reason,
+        metadata = j.metadata || jsonb_build_object('superseded_by', v_successor)
+    WHERE j.id = v_job;
+    RETURN v_successor;
+END
+$$;
+
+-- == Claim =============================================================================
+
+-- The first committed stage: one transaction records an attempt and a lease within the
+-- cap. In order: resume a run due to resume under its own token and cursor (its retry
+-- time came, or it computes in batches and its worker's lease lapsed: a retry consumed),
+-- revive a dead worker's job under a new lease (its run retired, never adopted), else
+-- start the oldest pending job of a user with no live job whose lock this claim gets
+-- (the user's oldest pending job, so a user's jobs publish in creation order). Nothing
+-- while paused or with no free slot; a claim never waits for a lock. A started job past
+-- the attempt cap fails (its range owed) and the claim answers it without a run: a
+-- transaction carries one owner, and the caller claims again.
+CREATE FUNCTION stats_claim_stage(p_lock_owner text, p_user_id uuid)
+RETURNS TABLE (claim_run_id bigint, claim_job_id bigint, claim_user_id uuid,
+               claim_lease_token uuid, claim_target_version bigint,
+               claim_base_applied_version bigint, claim_from_date date,
+               claim_exercise_ids text[])
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    st record;
+    v_slot integer;
+    v_until timestamptz;
+    v_run record;
+    v_candidate record;
+    v_tried uuid[] := '{}';
+    v_oldest bigint;
+    v_job record;
+    v_started boolean := false;
+    v_owed record;
+BEGIN
+    SELECT s.paused, s.active_lease_cap, s.lease_seconds, s.max_attempts INTO st
+    FROM stats_projection_worker_settings s WHERE s.id = 1;
+    IF st.paused THEN
+        RETURN;
+    END IF;
+    SELECT l.slot INTO v_slot
+    FROM stats_lease_slots l
+    WHERE l.slot <= st.active_lease_cap AND NOT stats_slot_is_held(l.run_id)
+    ORDER BY l.slot
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    v_until := now() + make_interval(secs => st.lease_seconds);
+
+    SELECT r.id, r.lease_token,
+           r.retry_not_before IS NULL AND r.lease_until <= now() AS lapsed
+    INTO v_run
+    FROM user_stats_projection_runs r
+    WHERE r.phase IN ('claimed', 'computed')
+      AND (r.retry_not_before <= now()
+           OR (r.phase = 'claimed' AND r.retry_not_before IS NULL
+               AND r.lease_until <= now() AND r.payload ? '_batch'))
+      AND (p_user_id IS NULL OR r.user_id = p_user_id)
+    ORDER BY r.id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        -- Its lease may still be live while it waits out a retry: act under its token.
+        PERFORM set_config('inventory.stats_lease_token', v_run.lease_token::text, true);
+        PERFORM stats_fill_slot(v_slot, v_run.id);
+        RETURN QUERY
+        UPDATE user_stats_projection_runs r
+        SET attempts = r.attempts + CASE WHEN v_run.lapsed THEN 1 ELSE 0 END,
+            retry_not_before = NULL, lease_until = v_until, lock_owner = p_lock_owner
+        WHERE r.id = v_run.id
+        RETURNING r.id, r.job_id, r.user_id, r.lease_token, r.target_version,
+                  r.base_applied_version, r.from_date, r.exercise_ids;
+        RETURN;
+    END IF;
+
+    SELECT r.id, r.job_id INTO v_run
+    FROM user_stats_projection_runs r
+    WHERE r.phase IN ('claimed', 'computed') AND r.lease_until <= now()
+      AND r.retry_not_before IS NULL
+      AND NOT (r.phase = 'claimed' AND r.payload ? '_batch')
+      AND (p_user_id IS NULL OR r.user_id = p_user_id)
+    ORDER BY r.lease_until
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        DELETE FROM stats_output_exercise o WHERE o.run_id = v_run.id;
+        DELETE FROM stats_output_period o WHERE o.run_id = v_run.id;
+        UPDATE user_stats_projection_runs r
+        SET phase = 'failed', error = 'lease expired', finished_at = now()
+        WHERE r.id = v_run.id;
+        UPDATE user_exercise_stats_refresh_jobs j
+        SET locked_at = now(), lock_owner = p_lock_owner, attempts = j.attempts + 1,
+            updated_at = now()
+        WHERE j.id = v_run.job_id
+        RETURNING j.id, j.user_id, j.from_date, j.exercise_ids, j.requested_version,
+                  j.attempts
+        INTO v_job;
+        v_started := true;
+    ELSE
+        FOR v_candidate IN
+            SELECT p.user_id
+            FROM user_exercise_stats_refresh_jobs p
+            WHERE p.status = 'pending'
+              AND (p_user_id IS NULL OR p.user_id = p_user_id)
+              AND NOT EXISTS (
+                  SELECT 1 FROM user_exercise_stats_refresh_jobs q
+                  WHERE q.user_id = p.user_id AND q.status = 'processing')
+            ORDER BY p.created_at, p.id
+        LOOP
+            CONTINUE WHEN v_candidate.user_id = ANY (v_tried);
+            v_tried := v_tried || v_candidate.user_id;
+            CONTINUE WHEN NOT pg_try_advisory_xact_lock(stats_user_lock(v_candidate.user_id));
+            -- Under the user's lock, in statements of their own (their snapshots see what
+            -- a claim that held it committed): the user's oldest pending job, unless a
+            -- save holds it (then the user is passed by), and no live job.
+            SELECT min(o.id) INTO v_oldest
+            FROM user_exercise_stats_refresh_jobs o
+            WHERE o.user_id = v_candidate.user_id AND o.status = 'pending';
+            CONTINUE WHEN v_oldest IS NULL OR EXISTS (
+                SELECT 1 FROM user_exercise_stats_refresh_jobs q
+                WHERE q.user_id = v_candidate.user_id AND q.status = 'processing');
+            PERFORM 1 FROM user_exercise_stats_refresh_jobs o
+            WHERE o.id = v_oldest AND o.status = 'pending'
+            FOR UPDATE SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND;
+            UPDATE user_exercise_stats_refresh_jobs j
+            SET status = 'processing', locked_at = now(), lock_owner = p_lock_owner,
+                attempts = j.attempts + 1, updated_at = now()
+            WHERE j.id = v_oldest
+            RETURNING j.id, j.user_id, j.from_date, j.exercise_ids, j.requested_version,
+                      j.attempts
+            INTO v_job;
+            v_started := true;
+            EXIT;
+        END LOOP;
+        IF NOT v_started THEN
+            RETURN;
+        END IF;
+    END IF;
+
+    IF v_job.attempts > st.max_attempts THEN
+        UPDATE user_exercise_stats_refresh_jobs j
+        SET status = 'failed', error_message = 'attempts exhausted', updated_at = now(),
+            completed_at = now()
+        WHERE j.id = v_job.id;
+        claim_job_id := v_job.id;
+        claim_user_id := v_job.user_id;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    -- The user's owed range joins the job (a statement of its own, after the start: its
+    -- snapshot sees a failure committed while the start ran).
+    DELETE FROM user_stats_owed_ranges o WHERE o.user_id = v_job.user_id
+    RETURNING o.from_date, o.exercise_ids, o.failed_job_ids INTO v_owed;
+    IF FOUND THEN
+        UPDATE user_exercise_stats_refresh_jobs j
+        SET from_date = stats_merge_from_date(j.from_date, v_owed.from_date),
+            exercise_ids = stats_merge_exercise_ids(j.exercise_ids, v_owed.exercise_ids),
+            metadata = j.metadata || jsonb_build_object(
+                'absorbed_failed_jobs',
+                coalesce(j.metadata -> 'absorbed_failed_jobs', '[]')
+                    || to_jsonb(v_owed.failed_job_ids)),
+            updated_at = now()
+        WHERE j.id = v_job.id
+        RETURNING j.from_date, j.exercise_ids INTO v_job.from_date, v_job.exercise_ids;
+    END IF;
+
+    INSERT INTO user_stats_projection_runs AS r
+        (job_id, user_id, phase, lease_token, lease_until, lock_owner, target_version,
+         base_applied_version, from_date, exercise_ids, attempts)
+    VALUES (v_job.id, v_job.user_id, 'claimed', gen_random_uuid(), v_until, p_lock_owner,
+            v_job.requested_version,
+            coalesce((SELECT s.applied_version FROM user_stats_refresh_state s
+                      WHERE s.user_id = v_job.user_id), 0),
+            v_job.from_date, v_job.exercise_ids, v_job.attempts)
+    RETURNING r.id, r.job_id, r.user_id, r.lease_token, r.target_version,
+              r.base_applied_version, r.from_date, r.exercise_ids
+    INTO claim_run_id, claim_job_id, claim_user_id, claim_lease_token,
+         claim_target_version, claim_base_applied_version, claim_from_date,
+         claim_exercise_ids;
+    PERFORM stats_fill_slot(v_slot, claim_run_id);
+    RETURN NEXT;
+END
+$$;
+
+-- == Compute ===========================================================================
+
+-- The second committed stage, one step per call, each its own transaction. An account
+-- with at most `p_batch_size` candidate exercises computes in one step; a larger one is
+-- prepared (its exercise list frozen in the run's payload._batch), then computed in
+-- batches of at most `p_batch_size`, then finalized (the periods and the manifest).
+-- Answers: computed (publish may follow), batch_pending (commit and call again; with
+-- reason transaction_boundary_required for a second call in one transaction),
+-- retry_pending (wait for retry_not_before), failed (attempts spent, range owed), lost
+-- (no live lease under this token: the claim's recovery owns the run).
+CREATE OR REPLACE FUNCTION stats_compute_stage(
+    p_run_id bigint, p_lease_token uuid, p_batch_size integer
+) RETURNS TABLE (compute_status text, compute_stage text, compute_next_offset integer,
+                 compute_total integer, compute_reason text,
+                 compute_retry_not_before timestamptz)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    st record;
+    run record;
+    v_cursor jsonb;
+    v_candidates text[];
+    v_chunk text[];
+    v_sessions boolean;
+    v_total integer;
+    v_offset integer;
+    v_applied bigint;
+    v_periods bigint := 0;
+    v_kept jsonb;
+BEGIN
+    SELECT s.lease_seconds, s.max_attempts INTO st
+    FROM stats_projection_worker_settings s WHERE s.id = 1;
+    SELECT r.id, r.job_id, r.user_id, r.phase, r.lease_until, r.retry_not_before,
+           r.attempts, r.base_applied_version, r.target_version, r.from_date,
+           r.exercise_ids, r.payload, txid_current() AS xid
+    INTO run
+    FROM user_stats_projection_runs r
+    WHERE r.id = p_run_id AND r.lease_token = p_lease_token
+    FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        compute_status := 'lost';
+        compute_reason := 'no run under this lease, or another worker is on it';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    v_cursor := run.payload -> '_batch';
+    -- The answers that need no work (each one row; unset columns are null).
+    IF run.phase = 'computed' THEN
+        compute_status := 'computed';
+    ELSIF run.phase <> 'claimed' THEN
+        compute_status := 'lost';
+        compute_reason := 'run is ' || run.phase;
+    ELSIF run.retry_not_before IS NOT NULL THEN
+        compute_status := 'retry_pending';
+        compute_retry_not_before := run.retry_not_before;
+    ELSIF run.lease_until <= now() THEN
+        compute_status := 'lost';
+        compute_reason := 'lease lapsed';
+    ELSIF (v_cursor ->> 'xid')::bigint = run.xid THEN
+        compute_status := 'batch_pending';
+        compute_stage := v_cursor ->> 'stage';
+        compute_next_offset := (v_cursor ->> 'next_offset')::integer;
+        compute_total := (v_cursor ->> 'total')::integer;
+        compute_reason := 'transaction_boundary_required';
+    ELSIF NOT stats_renew_lease(p_run_id, st.lease_seconds) THEN
+        compute_status := 'lost';
+        compute_reason := 'lease slot taken';
+    ELSIF run.attempts > st.max_attempts THEN
+        PERFORM stats_fail_attempt(p_run_id, 'attempts exhausted', run.payload);
+        compute_status := 'failed';
+        compute_reason := 'attempts exhausted';
+    END IF;
+    IF compute_status IS NOT NULL THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    IF v_cursor IS NULL THEN
+        -- Candidates: exercises in scope the user has sets for, those in scope already
+        -- projected (an exercise whose last set went away must disappear), and those
+        -- named; and whether the user has any session (no session, no period rows).
+        SELECT coalesce(array_agg(c.exercise_id ORDER BY c.exercise_id), '{}'),
+               EXISTS (SELECT 1 FROM training_sessions s WHERE s.user_id = run.user_id)
+        INTO v_candidates, v_sessions
+        FROM (
+            SELECT ts.exercise_id
+            FROM training_sessions s
+            JOIN training_sets ts ON ts.session_id = s.id
+            WHERE s.user_id = run.user_id
+              AND (cardinality(run.exercise_ids) = 0 OR ts.exercise_id = ANY (run.exercise_ids))
+            UNION
+            SELECT e.exercise_id FROM user_exercise_stats e
+            WHERE e.user_id = run.user_id
+              AND (cardinality(run.exercise_ids) = 0 OR e.exercise_id = ANY (run.exercise_ids))
+            UNION
+            SELECT unnest(run.exercise_ids)
+        ) AS c (exercise_id);
+        v_total := cardinality(v_candidates);
+        IF v_total > p_batch_size THEN
+            -- Preparation: the exercise list frozen, with the inputs the batches check.
+            v_cursor := jsonb_build_object(
+                'stage', 'batches', 'next_offset', 0, 'exercises', to_jsonb(v_candidates),
+                'total', v_total, 'source', run.target_version, 'anchor', run.from_date,
+                'base', run.base_applied_version, 'output_revision', 0, 'retry_count', 0,
+                'sessions', v_sessions, 'xid', run.xid);
+            UPDATE user_stats_projection_runs r
+            SET payload = jsonb_build_object('_batch', v_cursor), error = NULL,
+                compute_ms = r.compute_ms
+                    + extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000
+            WHERE r.id = p_run_id;
+            compute_status := 'batch_pending';
+            compute_stage := 'batches';
+            compute_next_offset := 0;
+            compute_total := v_total;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    ELSE
+        -- A batch step checks the inputs its cursor was prepared on: the run fixes its
+        -- target and anchor, so the published base is the one that can move. A save
+        -- meanwhile does not: its writes stay a pending successor.
+        SELECT coalesce(s.applied_version, 0) INTO v_applied
+        FROM (SELECT 1) AS one
+        LEFT JOIN user_stats_refresh_state s ON s.user_id = run.user_id;
+        IF v_applied <> (v_cursor ->> 'base')::bigint THEN
+            DELETE FROM stats_output_exercise o WHERE o.run_id = p_run_id;
+            DELETE FROM stats_output_period o WHERE o.run_id = p_run_id;
+            compute_reason := 'inputs changed: the published base moved';
+            compute_retry_not_before := stats_fail_attempt(p_run_id, compute_reason,
+                                                           run.payload - '_batch');
+            compute_status := CASE WHEN compute_retry_not_before IS NULL THEN 'failed'
+                                   ELSE 'retry_pending' END;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+        v_candidates := ARRAY(SELECT jsonb_array_elements_text(v_cursor -> 'exercises'));
+        v_total := cardinality(v_candidates);
+        v_sessions := coalesce((v_cursor ->> 'sessions')::boolean, true);
+        v_offset := (v_cursor ->> 'next_offset')::integer;
+    END IF;
+
+    -- The step's work, under a savepoint: its statement budget running out, or a value
+    -- it cannot compute, rolls back this step only and is a failed attempt that keeps
+    -- what earlier steps committed.
+    BEGIN
+        IF v_cursor IS NULL OR v_cursor ->> 'stage' = 'batches' THEN
+            v_chunk := CASE WHEN v_cursor IS NULL THEN v_candidates
+                            ELSE v_candidates[v_offset + 1 : v_offset + p_batch_size] END;
+            -- Per exercise: sessions, working sets, reps, volume, heaviest, best Epley
+            -- estimate, first and last date.
+            INSERT INTO stats_output_exercise
+                (run_id, exercise_id, sessions, working_sets, reps, volume, heaviest_kg,
+                 best_e1rm_kg, first_date, last_date)
+            SELECT p_run_id, ts.exercise_id,
+                   count(DISTINCT s.id),
+                   count(*) FILTER (WHERE NOT ts.warmup),
+                   coalesce(sum(ts.reps) FILTER (WHERE NOT ts.warmup), 0),
+                   coalesce(sum(ts.weight_kg * ts.reps) FILTER (WHERE NOT ts.warmup), 0),
+                   max(ts.weight_kg) FILTER (WHERE NOT ts.warmup),
+                   max(estimated_one_rep_max(ts.weight_kg, ts.reps)) FILTER (WHERE NOT ts.warmup),
+                   min(s.session_date),
+                   max(s.session_date)
+            FROM training_sessions s
+            JOIN training_sets ts ON ts.session_id = s.id
+            WHERE s.user_id = run.user_id AND ts.exercise_id = ANY (v_chunk)
+            GROUP BY ts.exercise_id;
+        END IF;
+        IF v_cursor IS NOT NULL AND v_cursor ->> 'stage' = 'batches' THEN
+            v_offset := v_offset + cardinality(v_chunk);
+            v_cursor := v_cursor || jsonb_build_object(
+                'stage', CASE WHEN v_offset >= v_total THEN 'finalize' ELSE 'batches' END,
+                'next_offset', v_offset,
+                'output_revision', (v_cursor ->> 'output_revision')::integer + 1,
+                'xid', run.xid);
+            UPDATE user_stats_projection_runs r
+            SET payload = jsonb_build_object('_batch', v_cursor), error = NULL,
+                compute_ms = r.compute_ms
+                    + extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000
+            WHERE r.id = p_run_id;
+            compute_status := 'batch_pending';
+            compute_stage := v_cursor ->> 'stage';
+            compute_next_offset := v_offset;
+            compute_total := v_total;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+        -- Per user per period (day, ISO week from Monday, month, quarter, year) from
+        -- the period holding from_date (NULL: all history).
+        IF v_sessions THEN
+            INSERT INTO stats_output_period
+                (run_id, period, period_start, sessions, working_sets, reps, volume)
+            SELECT p_run_id, p.period, date_trunc(p.period, s.session_date)::date,
+                   count(DISTINCT s.id),
+                   count(ts.id) FILTER (WHERE ts.warmup IS FALSE),
+                   coalesce(sum(ts.reps) FILTER (WHERE ts.warmup IS FALSE), 0),
+                   coalesce(sum(ts.weight_kg * ts.reps) FILTER (WHERE ts.warmup IS FALSE), 0)
+            FROM training_sessions s
+            LEFT JOIN training_sets ts ON ts.session_id = s.id
+            CROSS JOIN (VALUES ('day'), ('week'), ('month'), ('quarter'), ('year')) AS p (period)
+            WHERE s.user_id = run.user_id
+              AND (run.from_date IS NULL
+                   OR s.session_date >= date_trunc(p.period, run.from_date)::date)
+            GROUP BY 2, 3;
+            GET DIAGNOSTICS v_periods = ROW_COUNT;
+        END IF;
+    EXCEPTION
+        WHEN query_canceled OR data_exception OR insufficient_resources
+             OR program_limit_exceeded THEN
+            IF SQLSTATE = '57014' AND NOT stats_budget_spent('compute') THEN
+                RAISE;  -- a client's or operator's cancel is theirs to handle
+            END IF;
+            v_kept := CASE WHEN v_cursor IS NULL THEN run.payload
+                           ELSE jsonb_build_object('_batch', v_cursor || jsonb_build_object(
+                               'retry_count', (v_cursor ->> 'retry_count')::integer + 1)) END;
+            compute_reason := CASE WHEN SQLSTATE = '57014'
+                                   THEN 'statement budget spent (57014)'
+                                   ELSE format('compute failed (%s): %s', SQLSTATE,
+                                               split_part(SQLERRM, E'\n', 1)) END;
+            compute_retry_not_before := stats_fail_attempt(p_run_id, compute_reason, v_kept);
+            compute_status := CASE WHEN compute_retry_not_before IS NULL THEN 'failed'
+                                   ELSE 'retry_pending' END;
+            compute_stage := NULL;
+            compute_next_offset := NULL;
+            RETURN NEXT;
+            RETURN;
+    END;
+    UPDATE user_stats_projection_runs r
+    SET phase = 'computed', error = NULL,
+        payload = jsonb_build_object('manifest', jsonb_build_object(
+            'exercises', to_jsonb(v_candidates),
+            'mode', CASE WHEN v_cursor IS NULL THEN 'single' ELSE 'batched' END,
+            'batches', CASE WHEN v_cursor IS NULL THEN 1
+                            ELSE (v_cursor ->> 'output_revision')::integer END,
+            'periods', v_periods)),
+        compute_ms = r.compute_ms
+            + extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000
+    WHERE r.id = p_run_id;
+    compute_status := 'computed';
+    compute_total := v_total;
+    RETURN NEXT;
+END
+$$;
+
+-- == Publish ===========================================================================
+
+-- The third committed stage: atomically replaces the public projections, advances
+-- applied_version and builds the generation's PR overview window, after checking the
+-- live lease, that the target is newer than the applied generation and that the
+-- published base has not moved (else the run is rejected into a successor). A
+-- referenced canonical row deleted meanwhile (23503, checked at once) rejects the run
+-- too; the statement budget running out is a failed attempt that keeps the output.
+-- Answers: published, rejected, retry_pending, failed, lost.
+DROP FUNCTION stats_publish_stage(bigint, uuid);
+CREATE FUNCTION stats_publish_stage(p_run_id bigint, p_lease_token uuid)
+RETURNS TABLE (publish_status text, publish_applied_version bigint, publish_reason text,
+               publish_retry_not_before timestamptz)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    run record;
+    v_state record;
+    v_applied bigint;
+    v_exercises text[];
+    v_windowed integer;
+BEGIN
+    SELECT r.id, r.job_id, r.user_id, r.target_version, r.base_applied_version,
+           r.from_date, r.payload
+    INTO run
+    FROM user_stats_projection_runs r
+    WHERE r.id = p_run_id AND r.lease_token = p_lease_token
+      AND r.phase = 'computed' AND r.lease_until > now() AND r.retry_not_before IS NULL
+    FOR UPDATE;
+    IF NOT FOUND OR NOT stats_renew_lease(p_run_id, (
+        SELECT st.lease_seconds FROM stats_projection_worker_settings st WHERE st.id = 1))
+    THEN
+        publish_status := 'lost';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock(stats_user_lock(run.user_id));
+    INSERT INTO user_stats_refresh_state AS s (user_id) VALUES (run.user_id)
+    ON CONFLICT (user_id) DO UPDATE SET user_id = EXCLUDED.user_id
+    RETURNING s.requested_version, s.applied_version INTO v_state;
+    IF run.target_version <= v_state.applied_version THEN
+        publish_reason := format('generation %s is not newer than applied %s',
+                                 run.target_version, v_state.applied_version);
+    ELSIF v_state.applied_version <> run.base_applied_version THEN
+        publish_reason := 'the published base moved';
+    END IF;
+    IF publish_reason IS NOT NULL THEN
+        PERFORM stats_reject_run(p_run_id, publish_reason);
+        publish_status := 'rejected';
+        publish_applied_version := v_state.applied_version;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    BEGIN
+        SET CONSTRAINTS ALL IMMEDIATE;
+        UPDATE user_stats_refresh_state s
+        SET applied_version = run.target_version, updated_at = now()
+        WHERE s.user_id = run.user_id
+        RETURNING s.applied_version INTO v_applied;
+
+        v_exercises := ARRAY(
+            SELECT jsonb_array_elements_text(run.payload -> 'manifest' -> 'exercises'));
+        IF cardinality(v_exercises) > 0 THEN
+            DELETE FROM user_exercise_stats e
+            WHERE e.user_id = run.user_id AND e.exercise_id = ANY (v_exercises);
+            INSERT INTO user_exercise_stats
+                (user_id, exercise_id, sessions, working_sets, reps, volume, heaviest_kg,
+                 best_e1rm_kg, first_date, last_date, generation)
+            SELECT run.user_id, o.exercise_id, o.sessions, o.working_sets, o.reps, o.volume,
+                   o.heaviest_kg, o.best_e1rm_kg, o.first_date, o.last_date,
+                   run.target_version
+            FROM stats_output_exercise o
+            WHERE o.run_id = p_run_id;
+            DELETE FROM stats_output_exercise o WHERE o.run_id = p_run_id;
+        END IF;
+        DELETE FROM user_training_period_stats p
+        WHERE p.user_id = run.user_id
+          AND (run.from_date IS NULL
+               OR p.period_start >= date_trunc(p.period, run.from_date)::date);
+        IF coalesce((run.payload -> 'manifest' ->> 'periods')::bigint, 1) > 0 THEN
+            INSERT INTO user_training_period_stats
+                (user_id, period, period_start, sessions, working_sets, reps, volume,
+                 generation)
+            SELECT run.user_id, o.period, o.period_start, o.sessions, o.working_sets, o.reps,
+                   o.volume, run.target_version
+            FROM stats_output_period o
+            WHERE o.run_id = p_run_id;
+            DELETE FROM stats_output_period o WHERE o.run_id = p_run_id;
+        END IF;
+
+        -- The generation's PR overview window (database date -1, 0 and +1), built whole,
+        -- replacing the older generations' windows; applied_version itself is its
+        -- publication fence. Per exercise as of each date: the all-time best Epley
+        -- estimate (manual PR records included), the best in the 30 days ending on it,
+        -- the same window a year earlier, and the heaviest weight. A user with no facts
+        -- has three headers counting no exercise.
+        DELETE FROM user_pr_overview_snapshot_headers h
+        WHERE h.user_id = run.user_id AND h.generation <= run.target_version;
+        INSERT INTO user_pr_overview_snapshot_headers
+            (user_id, generation, as_of_date, catalog_epoch, exercise_count)
+        SELECT run.user_id, run.target_version, (stats_clock_date() + d)::date,
+               (SELECT c.catalog_epoch FROM pr_overview_projection_control c WHERE c.id = 1), 0
+        FROM generate_series(-1, 1) AS d
+        WHERE NOT EXISTS (SELECT 1 FROM training_sessions s WHERE s.user_id = run.user_id)
+          AND NOT EXISTS (SELECT 1 FROM user_manual_pr_records m
+                          WHERE m.user_id = run.user_id);
+        GET DIAGNOSTICS v_windowed = ROW_COUNT;
+        IF v_windowed = 0 THEN
+            WITH days AS (
+                SELECT (stats_clock_date() + d)::date AS as_of FROM generate_series(-1, 1) AS d
+            ),
+            facts AS (
+                SELECT ts.exercise_id, s.session_date AS day, ts.weight_kg,
+                       estimated_one_rep_max(ts.weight_kg, ts.reps) AS e1rm
+                FROM training_sessions s
+                JOIN training_sets ts ON ts.session_id = s.id
+                WHERE s.user_id = run.user_id AND NOT ts.warmup
+                UNION ALL
+                SELECT m.exercise_id, m.recorded_on, m.weight_kg,
+                       estimated_one_rep_max(m.weight_kg, m.reps)
+                FROM user_manual_pr_records m
+                WHERE m.user_id = run.user_id
+            ),
+            headers AS (
+                INSERT INTO user_pr_overview_snapshot_headers
+                    (user_id, generation, as_of_date, catalog_epoch, exercise_count)
+                SELECT run.user_id, run.target_version, days.as_of,
+                       (SELECT c.catalog_epoch FROM pr_overview_projection_control c
+                        WHERE c.id = 1),
+                       (SELECT count(DISTINCT f.exercise_id) FROM facts f
+                        WHERE f.day <= days.as_of)
+                FROM days
+                RETURNING as_of_date
+            )
+            INSERT INTO user_pr_exercise_summary_snapshots
+                (user_id, generation, as_of_date, exercise_id, best_e1rm_all_time,
+                 best_e1rm_30d, best_e1rm_30d_prior_year, heaviest_kg)
+            SELECT run.user_id, run.target_version, h.as_of_date, f.exercise_id,
+                   max(f.e1rm),
+                   max(f.e1rm) FILTER (WHERE f.day > h.as_of_date - 30),
+                   max(f.e1rm) FILTER (
+                       WHERE f.day > (h.as_of_date - interval '1 year')::date - 30
+                         AND f.day <= (h.as_of_date - interval '1 year')::date),
+                   max(f.weight_kg)
+            FROM headers h
+            JOIN facts f ON f.day <= h.as_of_date
+            GROUP BY h.as_of_date, f.exercise_id;
+        END IF;
+        -- The window is fresh: the next rollover is due when the database date moves on.
+        INSERT INTO user_pr_overview_rollover_state AS o
+            (user_id, due_at, snapshot_generation, applied_catalog_epoch, window_end,
+             last_success_at)
+        SELECT run.user_id, (stats_clock_date() + 1)::timestamptz, run.target_version,
+               (SELECT c.catalog_epoch FROM pr_overview_projection_control c WHERE c.id = 1),
+               stats_clock_date() + 1, now()
+        ON CONFLICT (user_id) DO UPDATE
+        SET due_at = EXCLUDED.due_at,
+            snapshot_generation = EXCLUDED.snapshot_generation,
+            applied_catalog_epoch = EXCLUDED.applied_catalog_epoch,
+            window_end = EXCLUDED.window_end,
+            attempt_count = 0,
+            next_retry_at = NULL,
+            last_error = NULL,
+            last_success_at = now(),
+            updated_at = now();
+    EXCEPTION
+        WHEN foreign_key_violation THEN
+            publish_reason := 'a referenced canonical row was deleted (23503)';
+            PERFORM stats_reject_run(p_run_id, publish_reason);
+            publish_status := 'rejected';
+            publish_applied_version := v_state.applied_version;
+            RETURN NEXT;
+            RETURN;
+        WHEN query_canceled OR data_exception OR insufficient_resources
+             OR program_limit_exceeded THEN
+            IF SQLSTATE = '57014' AND NOT stats_budget_spent('publish') THEN
+                RAISE;  -- a client's or operator's cancel is theirs to handle
+            END IF;
+            publish_reason := CASE WHEN SQLSTATE = '57014'
+                                   THEN 'statement budget spent (57014)'
+                                   ELSE format('publish failed (%s): %s', SQLSTATE,
+                                               split_part(SQLERRM, E'\n', 1)) END;
+            publish_retry_not_before := stats_fail_attempt(p_run_id, publish_reason,
+                                                           run.payload);
+            publish_status := CASE WHEN publish_retry_not_before IS NULL THEN 'failed'
+                                   ELSE 'retry_pending' END;
+            publish_applied_version := v_state.applied_version;
+            RETURN NEXT;
+            RETURN;
+    END;
+
+    UPDATE user_stats_projection_runs r
+    SET phase = 'published',
+        publish_ms = extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000,
+        finished_at = now()
+    WHERE r.id = p_run_id;
+    UPDATE user_exercise_stats_refresh_jobs j
+    SET status = 'completed', completed_at = now(), updated_at = now(), error_message = NULL
+    WHERE j.id = run.job_id;
+    publish_status := 'published';
+    publish_applied_version := v_applied;
+    RETURN NEXT;
+END
+$$;
+
+-- == Enqueue: merge into the newest pending job ========================================
+
+-- A user's dirty ranges merge into the user's newest pending job; when a claim holds
+-- that job (it is starting it), the range goes into a new job, and later saves merge
+-- into that one. Enqueuers of one user take turns (advisory lock), and a claim starts a
+-- user's oldest pending job only, so a user's jobs publish in the order they were made.
+CREATE OR REPLACE FUNCTION enqueue_user_exercise_stats_refresh_job(
+    p_user_id uuid, p_event_type text, p_from_date date, p_exercise_ids text[],
+    p_reason text, p_source_ref text, p_requested_version bigint
+) RETURNS bigint
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_newest bigint;
+    v_job bigint;
+    v_ids text[] := CASE WHEN p_exercise_ids IS NULL THEN NULL ELSE coalesce(
+        (SELECT array_agg(DISTINCT e ORDER BY e) FROM unnest(p_exercise_ids) AS e), '{}') END;
+    v_reason text := coalesce(p_reason, '');
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('stats_enqueue:' || p_user_id::text, 0));
+    SELECT max(id) INTO v_newest
+    FROM user_exercise_stats_refresh_jobs
+    WHERE user_id = p_user_id AND status = 'pending';
+    IF v_newest IS NOT NULL THEN
+        UPDATE user_exercise_stats_refresh_jobs
+        SET from_date = stats_merge_from_date(from_date, p_from_date),
+            exercise_ids = stats_merge_exercise_ids(exercise_ids, v_ids),
+            reason = CASE WHEN v_reason = '' OR position(v_reason IN reason) > 0 THEN reason
+                          WHEN reason = '' THEN v_reason
+                          ELSE reason || '; ' || v_reason END,
+            requested_version = greatest(requested_version, p_requested_version),
+            metadata = metadata || jsonb_build_object(
+                'latest_event_type', p_event_type,
+                'latest_source_ref', p_source_ref,
+                'last_enqueued_at', now(),
+                'merge_count', coalesce((metadata ->> 'merge_count')::integer, 0) + 1),
+            updated_at = now()
+        WHERE id = (SELECT n.id FROM user_exercise_stats_refresh_jobs n
+                    WHERE n.id = v_newest AND n.status = 'pending'
+                    FOR UPDATE SKIP LOCKED)
+        RETURNING id INTO v_job;
+        IF FOUND THEN
+            RETURN v_job;
+        END IF;
+    END IF;
+    INSERT INTO user_exercise_stats_refresh_jobs
+        (user_id, event_type, from_date, exercise_ids, reason, source_ref, requested_version,
+         metadata)
+    VALUES (p_user_id, p_event_type, p_from_date, v_ids, v_reason, p_source_ref,
+            p_requested_version,
+            jsonb_build_object('latest_event_type', p_event_type,
+                               'latest_source_ref', p_source_ref,
+                               'last_enqueued_at', now(),
+                               'merge_count', 0))
+    RETURNING id INTO v_job;
+    RETURN v_job;
+END
+$$;
+
+-- == The write surface: what it accepts ================================================
+
+-- A value the worker cannot compute or a reader cannot load is refused before anything
+-- is written, with one line naming the field: dates from 0001-01-01 to 9999-12-31 (the
+-- period arithmetic needs timestamps, which end in 294276, and a reader's date type
+-- ends with year 9999), weights that are finite numbers from 0 to 99999.99 kg (manual
+-- PRs above 0), reps from 0 to 1,000 (manual PRs from 1), known exercises, at most
+-- 1,000 sets a session and 10,000 characters of notes.
+CREATE FUNCTION stats_checked_date(p_field text, p_value text) RETURNS date
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_date date;
+BEGIN
+    BEGIN
+        v_date := p_value::date;
+    EXCEPTION WHEN data_exception THEN
+        RAISE EXCEPTION '% must be a date (YYYY-MM-DD), got %', p_field, left(p_value, 40)
+            USING ERRCODE = '22008';
+    END;
+    IF v_date IS NULL THEN
+        RAISE EXCEPTION '% is required', p_field USING ERRCODE = '22008';
+    END IF;
+    IF NOT v_date BETWEEN DATE '0001-01-01' AND DATE '9999-12-31' THEN
+        RAISE EXCEPTION '% must be between 0001-01-01 and 9999-12-31, got %', p_field,
+            p_value USING ERRCODE = '22008';
+    END IF;
+    RETURN v_date;
+END
+$$;
+
+CREATE FUNCTION stats_checked_weight(p_field text, p_value numeric, p_minimum_exclusive boolean)
+RETURNS numeric
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_value IS NULL OR p_value = 'NaN'::numeric OR p_value IN ('Infinity', '-Infinity')
+       OR p_value < 0 OR (p_minimum_exclusive AND p_value = 0) OR p_value >= 100000 THEN
+        RAISE EXCEPTION '% must be a number from % to 99999.99, got %', p_field,
+            CASE WHEN p_minimum_exclusive THEN 'above 0' ELSE '0' END,
+            coalesce(p_value::text, 'nothing')
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN p_value;
+END
+$$;
+
+-- The sets of a session payload, each field checked (its position named in the error).
+CREATE FUNCTION stats_checked_sets(p_user_id uuid, p_sets jsonb)
+RETURNS TABLE (exercise_id text, weight_kg numeric, reps integer, warmup boolean,
+               ordinality bigint)
+LANGUAGE plpgsql STABLE
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_set jsonb;
+    v_n bigint := 0;
+    v_value jsonb;
+BEGIN
+    IF p_sets IS NULL OR jsonb_typeof(p_sets) = 'null' THEN
+        RETURN;
+    END IF;
+    IF jsonb_typeof(p_sets) <> 'array' THEN
+        RAISE EXCEPTION 'sets must be an array' USING ERRCODE = '22023';
+    END IF;
+    IF jsonb_array_length(p_sets) > 1000 THEN
+        RAISE EXCEPTION 'sets: at most 1000 a session, got %', jsonb_array_length(p_sets)
+            USING ERRCODE = '22023';
+    END IF;
+    FOR v_set IN SELECT value FROM jsonb_array_elements(p_sets) LOOP
+        v_n := v_n + 1;
+        IF jsonb_typeof(v_set) <> 'object' THEN
+            RAISE EXCEPTION 'sets[%] must be an object', v_n USING ERRCODE = '22023';
+        END IF;
+        exercise_id := v_set ->> 'exercise_id';
+        IF jsonb_typeof(v_set -> 'exercise_id') IS DISTINCT FROM 'string' OR NOT EXISTS (
+            SELECT 1 FROM exercises e
+            WHERE e.id = exercise_id
+              AND (e.owner_user_id IS NULL OR e.owner_user_id = p_user_id)
+        ) THEN
+            IF EXISTS (SELECT 1 FROM exercises e WHERE e.id = exercise_id) THEN
+                RAISE EXCEPTION 'a personal exercise of another user' USING ERRCODE = '42501';
+            END IF;
+            RAISE EXCEPTION 'sets[%].exercise_id must name a known exercise, got %', v_n,
+                left(coalesce(v_set ->> 'exercise_id', 'nothing'), 60)
+                USING ERRCODE = '22023';
+        END IF;
+        v_value := v_set -> 'weight_kg';
+        IF jsonb_typeof(v_value) IS DISTINCT FROM 'number' THEN
+            RAISE EXCEPTION 'sets[%].weight_kg must be a number, got %', v_n,
+                left(coalesce(v_value::text, 'nothing'), 40) USING ERRCODE = '22023';
+        END IF;
+        weight_kg := stats_checked_weight(format('sets[%s].weight_kg', v_n),
+                                          v_value::text::numeric, false);
+        v_value := v_set -> 'reps';
+        IF jsonb_typeof(v_value) IS DISTINCT FROM 'number'
+           OR v_value::text::numeric <> trunc(v_value::text::numeric)
+           OR v_value::text::numeric NOT BETWEEN 0 AND 1000 THEN
+            RAISE EXCEPTION 'sets[%].reps must be a whole number from 0 to 1000, got %', v_n,
+                left(coalesce(v_value::text, 'nothing'), 40) USING ERRCODE = '22023';
+        END IF;
+        reps := v_value::text::integer;
+        v_value := v_set -> 'warmup';
+        IF v_value IS NOT NULL AND jsonb_typeof(v_value) NOT IN ('boolean', 'null') THEN
+            RAISE EXCEPTION 'sets[%].warmup must be true or false, got %', v_n,
+                left(v_value::text, 40) USING ERRCODE = '22023';
+        END IF;
+        warmup := coalesce((v_value #>> '{}')::boolean, false);
+        ordinality := v_n;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION save_training_session(p_expected_user_id uuid, p_session jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = public, pg_temp
+AS $$
+DECLARE
+    v_id uuid;
+    v_user uuid;
+    v_date date;
+    v_notes text;
+    v_old training_sessions%ROWTYPE;
+    v_old_exercises text[] := '{}';
+    v_new_exercises text[];
+    v_dirty text[];
+    v_from date;
+    v_version bigint;
+    v_job bigint;
+    v_receipt bigint;
+BEGIN
+    IF jsonb_typeof(p_session) IS DISTINCT FROM 'object' THEN
+        RAISE EXCEPTION 'session must be an object' USING ERRCODE = '22023';
+    END IF;
+    BEGIN
+        v_user := (p_session ->> 'user_id')::uuid;
+        v_id := coalesce((p_session ->> 'id')::uuid, gen_random_uuid());
+    EXCEPTION WHEN invalid_text_representation THEN
+        RAISE EXCEPTION 'id and user_id must be UUIDs' USING ERRCODE = '22023';
+    END;
+    PERFORM stats_check_owner(p_expected_user_id, v_user);
+    v_date := stats_checked_date('session_date', p_session ->> 'session_date');
+    IF jsonb_typeof(p_session -> 'notes') NOT IN ('string', 'null') THEN
+        RAISE EXCEPTION 'notes must be text' USING ERRCODE = '22023';
+    END IF;
+    v_notes := p_session ->> 'notes';
+    IF length(v_notes) > 10000 THEN
+        RAISE EXCEPTION 'notes: at most 10000 characters, got %', length(v_notes)
+            USING ERRCODE = '22023';
+    END IF;
+
+    SELECT * INTO v_old FROM training_sessions WHERE id = v_id FOR UPDATE;
+    IF FOUND THEN
+        PERFORM stats_check_owner(p_expected_user_id, v_old.user_id);
+        v_old_exercises := ARRAY(
+            SELECT DISTINCT exercise_id FROM training_sets WHERE session_id = v_id);
+    END IF;
+    INSERT INTO training_sessions (id, user_id, session_date, notes)
+    VALUES (v_id, v_user, v_date, v_notes)
+    ON CONFLICT (id) DO UPDATE
+    SET session_date = EXCLUDED.session_date, notes = EXCLUDED.notes, updated_at = now();
+    DELETE FROM training_sets WHERE session_id = v_id;
+    INSERT INTO training_sets (session_id, position, exercise_id, weight_kg, reps, warmup)
+    SELECT v_id, s.ordinality, s.exercise_id, s.weight_kg, s.reps, s.warmup
+    FROM stats_checked_sets(v_user, p_session -> 'sets') AS s;
+    v_new_exercises := ARRAY(SELECT DISTINCT exercise_id FROM training_sets WHERE session_id = v_id);
+    v_dirty := nullif(v_old_exercises || v_new_exercises, '{}');
+    v_from := CASE WHEN v_old.id IS NULL THEN v_date ELSE least(v_old.session_date, v_date) END;
+    v_version := bump_stats_requested_version(v_user);
+    v_job := enqueue_user_exercise_stats_refresh_job(
+        v_user, 'session_saved', v_from, v_dirty,
+        CASE WHEN v_old.id IS NULL THEN 'session created' ELSE 'session updated' END,
+        'session:' || v_id, v_version);
+    INSERT INTO stats_mutation_receipts (user_id, session_id, operation, requested_version)
+    VALUES (v_user, v_id, 'save', v_version)
+    RETURNING id INTO v_receipt;
+    RETURN jsonb_build_object('session_id', v_id, 'requested_version', v_version,
+                              'receipt_id', v_receipt, 'job_id', v_job);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION save_manual_pr(
+    p_expected_user_id uuid, p_exercise_id text, p_weight_kg numeric, p_reps integer,
+    p_recorded_on date
+) RETURNS jsonb
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = public, pg_temp
+AS $$
+DECLARE
+    v_id bigint;
+    v_version bigint;
+    v_job bigint;
+    v_receipt bigint;
+BEGIN
+    PERFORM stats_check_owner(p_expected_user_id, p_expected_user_id);
+    IF EXISTS (
+        SELECT 1 FROM exercises e
+        WHERE e.id = p_exercise_id AND e.owner_user_id IS NOT NULL
+          AND e.owner_user_id <> p_expected_user_id
+    ) THEN
+        RAISE EXCEPTION 'a personal exercise of another user' USING ERRCODE = '42501';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM exercises e WHERE e.id = p_exercise_id) THEN
+        RAISE EXCEPTION 'exercise_id must name a known exercise, got %',
+            left(coalesce(p_exercise_id, 'nothing'), 60) USING ERRCODE = '22023';
+    END IF;
+    PERFORM stats_checked_weight('weight_kg', p_weight_kg, true);
+    IF p_reps IS NULL OR p_reps NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'reps must be a whole number from 1 to 1000, got %',
+            coalesce(p_reps::text, 'nothing') USING ERRCODE = '22023';
+    END IF;
+    PERFORM stats_checked_date('recorded_on', p_recorded_on::text);
+    INSERT INTO user_manual_pr_records (user_id, exercise_id, weight_kg, reps, recorded_on)
+    VALUES (p_expected_user_id, p_exercise_id, p_weight_kg, p_reps, p_recorded_on)
+    RETURNING id INTO v_id;
+    v_version := bump_stats_requested_version(p_expected_user_id);
+    v_job := enqueue_user_exercise_stats_refresh_job(
+        p_expected_user_id, 'manual_pr_changed', p_recorded_on, ARRAY[p_exercise_id],
+        'manual PR saved', 'manual_pr:' || v_id, v_version);
+    INSERT INTO stats_mutation_receipts
+        (user_id, manual_pr_record_id, operation, requested_version)
+    VALUES (p_expected_user_id, v_id, 'save', v_version)
+    RETURNING id INTO v_receipt;
+    RETURN jsonb_build_object('record_id', v_id, 'requested_version', v_version,
+                              'receipt_id', v_receipt, 'job_id', v_job);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION delete_manual_pr(p_expected_user_id uuid, p_record_id bigint)
+RETURNS jsonb
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = public, pg_temp
+AS $$
+DECLARE
+    v_old user_manual_pr_records%ROWTYPE;
+    v_version bigint;
+    v_job bigint;
+    v_receipt bigint;
+BEGIN
+    SELECT * INTO v_old FROM user_manual_pr_records WHERE id = p_record_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no such manual PR record' USING ERRCODE = 'P0002';
+    END IF;
+    PERFORM stats_check_owner(p_expected_user_id, v_old.user_id);
+    DELETE FROM user_manual_pr_records WHERE id = p_record_id;
+    v_version := bump_stats_requested_version(v_old.user_id);
+    v_job := enqueue_user_exercise_stats_refresh_job(
+        v_old.user_id, 'manual_pr_changed', v_old.recorded_on, ARRAY[v_old.exercise_id],
+        'manual PR deleted', 'manual_pr:' || p_record_id, v_version);
+    INSERT INTO stats_mutation_receipts
+        (user_id, manual_pr_record_id, operation, requested_version)
+    VALUES (v_old.user_id, p_record_id, 'delete', v_version)
+    RETURNING id INTO v_receipt;
+    RETURN jsonb_build_object('record_id', p_record_id, 'requested_version', v_version,
+                              'receipt_id', v_receipt, 'job_id', v_job);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION request_stats_refresh(
+    p_user_id uuid, p_from_date date, p_exercise_ids text[], p_reason text
+) RETURNS jsonb
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = public, pg_temp
+AS $$
+DECLARE
+    v_version bigint;
+    v_job bigint;
+BEGIN
+    PERFORM stats_check_owner(p_user_id, p_user_id);
+    IF p_from_date IS NOT NULL THEN
+        PERFORM stats_checked_date('from_date', p_from_date::text);
+    END IF;
+    v_version := bump_stats_requested_version(p_user_id);
+    v_job := enqueue_user_exercise_stats_refresh_job(
+        p_user_id, 'manual_refresh', p_from_date, coalesce(p_exercise_ids, '{}'),
+        coalesce(p_reason, 'manual refresh'), NULL, v_version);
+    RETURN jsonb_build_object('job_id', v_job, 'requested_version', v_version);
+END
+$$;
+
+-- == The rollover: a new generation through the queue ==================================
+
+-- One due user's rollover in one transaction: the next due user after the caller's last
+-- one (due order), its rollover row locked and its state row taken without waiting. A
+-- user whose newer generation is pending waits for it (that publication builds a fresh
+-- window); a busy state row is a failed attempt (backoff 1, 2, 4 ... 60 min); otherwise a
+-- new generation is requested (`pr_overview_rollover`: no exercise, the periods from
+-- the new date), whose publication builds the window and schedules the next rollover.
+-- The applied generation's window is never rewritten. Until that publication the row
+-- waits 10 minutes before asking again (a worker down: the request counts as an attempt).
+CREATE FUNCTION stats_request_rollover(p_after_due timestamptz, p_after_user uuid)
+RETURNS TABLE (roll_due_at timestamptz, roll_user_id uuid, roll_outcome text)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_user uuid;
+    v_due timestamptz;
+    v_state record;
+    v_backoff interval;
+BEGIN
+    SELECT r.user_id, r.due_at,
+           make_interval(mins => least(60, power(2, r.attempt_count)::integer))
+    INTO v_user, v_due, v_backoff
+    FROM user_pr_overview_rollover_state r
+    WHERE r.due_at <= now()
+      AND (r.due_at, r.user_id) > (coalesce(p_after_due, '-infinity'),
+                                   coalesce(p_after_user,
+                                            '00000000-0000-0000-0000-000000000000'))
+    ORDER BY r.due_at, r.user_id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT s.requested_version, s.applied_version INTO v_state
+    FROM user_stats_refresh_state s
+    WHERE s.user_id = v_user
+    FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        UPDATE user_pr_overview_rollover_state
+        SET attempt_count = attempt_count + 1,
+            last_error = 'stats state locked by a save or publication in progress',
+            next_retry_at = now() + v_backoff, due_at = now() + v_backoff,
+            updated_at = now()
+        WHERE user_id = v_user;
+        RETURN QUERY SELECT v_due, v_user, 'failed';
+        RETURN;
+    END IF;
+    IF v_state.requested_version > v_state.applied_version THEN
+        UPDATE user_pr_overview_rollover_state
+        SET due_at = now() + interval '5 minutes', next_retry_at = now() + interval '5 minutes',
+            updated_at = now()
+        WHERE user_id = v_user;
+        RETURN QUERY SELECT v_due, v_user, 'deferred';
+        RETURN;
+    END IF;
+    PERFORM enqueue_user_exercise_stats_refresh_job(
+        v_user, 'pr_overview_rollover', stats_clock_date(), NULL,
+        'PR overview window moved to ' || stats_clock_date(), 'rollover:' || stats_clock_date(),
+        bump_stats_requested_version(v_user));
+    UPDATE user_pr_overview_rollover_state
+    SET attempt_count = attempt_count + 1, last_error = NULL,
+        next_retry_at = now() + interval '10 minutes', due_at = now() + interval '10 minutes',
+        updated_at = now()
+    WHERE user_id = v_user;
+    RETURN QUERY SELECT v_due, v_user, 'requested';
+END
+$$;
+
+-- == Status ============================================================================
+
+CREATE OR REPLACE FUNCTION stats_projection_worker_status() RETURNS jsonb
+LANGUAGE sql STABLE
+AS $$
+    SELECT jsonb_build_object(
+        'pending_users', (SELECT count(DISTINCT user_id) FROM user_exercise_stats_refresh_jobs
+                          WHERE status = 'pending'),
+        'pending_jobs', (SELECT count(*) FROM user_exercise_stats_refresh_jobs
+                         WHERE status = 'pending'),
+        'oldest_wait_seconds', (SELECT extract(epoch FROM now() - min(created_at))
+                                FROM user_exercise_stats_refresh_jobs WHERE status = 'pending'),
+        'active_leases', (SELECT count(*) FROM user_stats_projection_runs r
+                          WHERE stats_run_is_active(r.phase, r.lease_until, r.retry_not_before)),
+        'expired_leases', (SELECT count(*) FROM user_stats_projection_runs
+                           WHERE phase IN ('claimed', 'computed') AND lease_until <= now()
+                             AND retry_not_before IS NULL),
+        'backing_off', (SELECT count(*) FROM user_stats_projection_runs
+                        WHERE phase IN ('claimed', 'computed')
+                          AND retry_not_before IS NOT NULL),
+        'attempt_exhausted_failures', (SELECT count(*) FROM user_exercise_stats_refresh_jobs
+                                       WHERE status = 'failed'
+                                         AND NOT metadata ? 'retried_by'),
+        'owed_users', (SELECT count(*) FROM user_stats_owed_ranges),
+        'oldest_owed_seconds', (SELECT extract(epoch FROM now() - min(owed_since))
+                                FROM user_stats_owed_ranges),
+        'stale_users', (SELECT count(*) FROM (
+                            SELECT user_id FROM user_stats_refresh_state
+                            WHERE requested_version > applied_version
+                            UNION
+                            SELECT user_id FROM user_stats_owed_ranges) AS stale),
+        'completed_last_hour', (SELECT count(*) FROM user_exercise_stats_refresh_jobs
+                                WHERE status = 'completed'
+                                  AND completed_at > now() - interval '1 hour'),
+        'failed_last_hour', (SELECT count(*) FROM user_exercise_stats_refresh_jobs
+                             WHERE status = 'failed' AND updated_at > now() - interval '1 hour'),
+        'compute_ms_avg_last_hour', (SELECT round(avg(compute_ms)::numeric, 1)
+                                     FROM user_stats_projection_runs
+                                     WHERE phase = 'published'
+                                       AND finished_at > now() - interval '1 hour'),
+        'compute_ms_max_last_hour', (SELECT round(max(compute_ms)::numeric, 1)
+                                     FROM user_stats_projection_runs
+                                     WHERE phase = 'published'
+                                       AND finished_at > now() - interval '1 hour'),
+        'publish_ms_avg_last_hour', (SELECT round(avg(publish_ms)::numeric, 1)
+                                     FROM user_stats_projection_runs
+                                     WHERE phase = 'published'
+                                       AND finished_at > now() - interval '1 hour'),
+        'publish_ms_max_last_hour', (SELECT round(max(publish_ms)::numeric, 1)
+                                     FROM user_stats_projection_runs
+                                     WHERE phase = 'published'
+                                       AND finished_at > now() - interval '1 hour'),
+        'settings', (SELECT to_jsonb(s) - 'id' FROM stats_projection_worker_settings s)
+    )
+$$;
+
+REVOKE ALL ON FUNCTION
+    stats_slot_is_held(bigint),
+    stats_fit_lease_slots(),
+    stats_fill_slot(integer, bigint),
+    stats_user_lock(uuid),
+    stats_renew_lease(bigint, integer),
+    stats_budget_spent(text),
+    stats_fail_attempt(bigint, text, jsonb),
+    stats_reject_run(bigint, text),
+    stats_claim_stage(text, uuid),
+    stats_publish_stage(bigint, uuid),
+    stats_checked_date(text, text),
+    stats_checked_weight(text, numeric, boolean),
+    stats_checked_sets(uuid, jsonb),
+    stats_request_rollover(timestamptz, uuid)
+FROM PUBLIC;
