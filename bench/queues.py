@@ -41,7 +41,6 @@ from inventory_pipeline.db.connection import create_database, drop_database, url
 from inventory_pipeline.profiles import repository as profiles_repo
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.profiles.models import RefreshPolicy
-from inventory_pipeline.stats import processors
 from inventory_pipeline.stats import service as stats
 
 WORKERS = 4
@@ -213,9 +212,8 @@ def stats_cycles(admin_url: str, n: int, processes: bool = False) -> tuple[int, 
             as_autovacuum(conn)  # every side
 
         def work(conn: Connection) -> int:
-            # The worker's own loop (the Dagster drain's): each round trip computes and
-            # publishes one claim and makes the next.
-            return len(processors.drain(conn, "bench", max_rounds=n).published)
+            # The worker's own loop (the Dagster drain's): claim, compute, publish.
+            return len(stats.drain(conn, "bench", max_rounds=n).published)
 
         return _run(url, work, processes)
 
@@ -438,47 +436,3 @@ def stats_per_stage(admin_url: str, n: int = 500) -> dict[str, float]:
             ):
                 result[f"server {row['funcname']}"] = float(row["ms"])
     return result
-
-
-def stats_round_floor(admin_url: str, n: int = 2000, reps: int = 3) -> dict[str, float]:
-    """What the shape of a stats cycle costs without its stage bodies: four worker
-    processes sending rounds of three armed calls (arm + a call returning one constant,
-    each its own transaction, the publication's committed synchronously), against the
-    stats cycle itself in the same run; median rates of `reps` paired repetitions and the
-    share of a cycle's time the shape accounts for.
-
-    Not part of `run`; it explains the four-worker ratios:
-    `python -c "from bench import queues; print(queues.stats_round_floor(URL))"`.
-    """
-    from inventory_pipeline.db import ArmedCall, call_armed
-    from inventory_pipeline.stats.repository import QUERIES
-
-    def one_round_calls() -> list[ArmedCall]:
-        token = uuid.uuid4()
-        return [
-            ArmedCall(
-                QUERIES["arm_stage_call"],
-                {"stage": stage, "lease_token": None if stage == "claim" else token},
-                "SELECT %(x)s::integer AS x",
-                {"x": 1},
-                async_commit=stage != "publish",
-            )
-            for stage in ("compute", "publish", "claim")
-        ]
-
-    floors, cycles = [], []
-    for _ in range(reps):
-        with scratch_database(admin_url) as url:
-
-            def work(conn: Connection) -> int:
-                calls = one_round_calls()
-                for _ in range(n // WORKERS):
-                    call_armed(conn, calls)
-                return n // WORKERS
-
-            done, seconds = _run(url, work, processes=True)
-        floors.append(done / seconds)
-        done, seconds = stats_cycles(admin_url, n, processes=True)
-        cycles.append(done / seconds)
-    floor, cycle = statistics.median(floors), statistics.median(cycles)
-    return {"shape rounds/s": floor, "stats cycles/s": cycle, "shape share": cycle / floor}

@@ -26,9 +26,17 @@ from typing import Protocol, TypeVar
 from bench import stats as stats_bench
 from bench.common import Figure, as_autovacuum, plot, scratch_database, server_url
 from bench.orchestration import daemon
-from inventory_pipeline.db import Connection, connect, execute, fetch_one, jsonb
-from inventory_pipeline.stats import processors
-from inventory_pipeline.stats import rollover as stats_rollover
+from inventory_pipeline.db import (
+    Connection,
+    connect,
+    execute,
+    fetch_all,
+    fetch_one,
+    jsonb,
+    transaction,
+)
+from inventory_pipeline.stats import repository as stats_repo
+from inventory_pipeline.stats import service
 
 T = TypeVar("T")
 
@@ -93,20 +101,25 @@ def _set_clock(conn: Connection, day: date) -> None:
 
 
 def _build_windows(url: str, today: date, threads: int = 2) -> None:
-    """Generation 1 of every user with its window for `today`, built by the rollover
-    itself (a few threads; each skips the users another holds)."""
-
+    """Generation 1 of every user gets its window for `today`, as its publication
+    builds it (a few threads, each over its share of the users)."""
+    with connect(url) as conn:
+        users = [
+            r["user_id"] for r in fetch_all(conn, "SELECT user_id FROM user_stats_refresh_state")
+        ]
     errors: list[BaseException] = []
 
-    def work() -> None:
+    def work(share: list[uuid.UUID]) -> None:
         try:
             with connect(url) as conn:
                 _set_clock(conn, today)
-                stats_rollover.rollover(conn, budget_seconds=float("inf"), pace=None)
+                for user in share:
+                    with transaction(conn):
+                        stats_repo.publish_pr_window(conn, user, 1)
         except BaseException as exc:
             errors.append(exc)
 
-    workers = [threading.Thread(target=work) for _ in range(threads)]
+    workers = [threading.Thread(target=work, args=(users[n::threads],)) for n in range(threads)]
     for w in workers:
         w.start()
     for w in workers:
@@ -292,7 +305,7 @@ def rebuild(admin_url: str, users: int, workers: int = 2) -> Rebuild:
                 assert row is not None
                 before = _cpu_seconds(int(row["pid"]))
                 barrier.wait()
-                summary = processors.drain(c, f"bench-{n}", max_rounds=10**7)
+                summary = service.drain(c, f"bench-{n}", max_rounds=10**7)
                 used = _cpu_seconds(int(row["pid"])) - before
                 with lock:
                     done.append(len(summary.published))

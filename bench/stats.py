@@ -24,9 +24,9 @@ from inventory_pipeline.db import (
     transaction,
 )
 from inventory_pipeline.stats import maintenance_repository as mrepo
-from inventory_pipeline.stats import processors
 from inventory_pipeline.stats import repository as repo
 from inventory_pipeline.stats import rollover as stats_rollover
+from inventory_pipeline.stats import service
 
 SEED_COMPUTE_MS = 43_853.488
 SEED_PUBLISH_MS = 1_984.670
@@ -86,7 +86,7 @@ def request_rebuild_of(conn: Connection, users: int, workers: int) -> None:
         "UPDATE stats_projection_worker_settings SET active_lease_cap = %s",
         (workers,),
     )
-    processors.request_rebuild(conn, None)
+    service.request_rebuild(conn, None)
 
 
 def rebuild(admin_url: str, users: int, workers: int) -> float:
@@ -100,7 +100,7 @@ def rebuild(admin_url: str, users: int, workers: int) -> float:
 
         def worker(n: int) -> None:
             with connect(url) as c:
-                summary = processors.drain(c, f"bench-{n}", max_rounds=10**6)
+                summary = service.drain(c, f"bench-{n}", max_rounds=10**6)
                 with lock:
                     done.append(len(summary.published))
 
@@ -137,11 +137,13 @@ def _midnight(conn: Connection, day: date) -> None:
 
 def rollover_day(admin_url: str, users: int, sessions: int) -> tuple[float, float, int]:
     """One midnight for `users` users with `sessions` sessions (5 sets) each over two
-    years: seconds for the window moved in place (this rollover), and for the former
-    daily work, a full-history, all-exercise generation per user (request + worker)."""
+    years: seconds until every window moved (the rollover's requests and the worker's
+    publications of their generations: no exercise recomputed, the periods from the new
+    date), and for the former daily work, a full-history, all-exercise generation per
+    user (request + worker)."""
     with scratch_database(admin_url) as url:
         with connect(url) as conn:
-            # The server's own date: a rolled window is next due at the following midnight.
+            # The server's own date: a moved window is next due at the following midnight.
             row = fetch_one(conn, "SELECT current_date AS today")
             assert row is not None
             today = row["today"]
@@ -165,11 +167,10 @@ def rollover_day(admin_url: str, users: int, sessions: int) -> tuple[float, floa
         with connect(url) as conn:
             _midnight(conn, today + timedelta(days=1))
             start = time.perf_counter()
-            rolled = 0
-            step = stats_rollover.rollover(conn, budget_seconds=float("inf"), pace=None)
-            rolled += step.rolled
+            rolled = stats_rollover.rollover(conn, budget_seconds=float("inf"), pace=None)
+            moved = service.drain(conn, "bench", max_rounds=10**7)
             new = time.perf_counter() - start
-        assert rolled == users, (rolled, users)
+        assert rolled.requested == len(moved.published) == users, (rolled, users)
         day = today + timedelta(days=2)
         with connect(url) as conn:
             _midnight(conn, day)
@@ -179,10 +180,10 @@ def rollover_day(admin_url: str, users: int, sessions: int) -> tuple[float, floa
                     mrepo.request_generation(
                         conn, user, "pr_overview_rollover", "PR overview rollover", day
                     )
-            summary = processors.drain(conn, "bench", max_rounds=10**7)
+            summary = service.drain(conn, "bench", max_rounds=10**7)
             old = time.perf_counter() - start
         assert len(summary.published) == users, (len(summary.published), users)
-    return new, old, rolled
+    return new, old, users
 
 
 USER_IDS = "SELECT DISTINCT user_id FROM training_sessions ORDER BY 1"
@@ -208,7 +209,7 @@ def rebuild_enqueue(admin_url: str, users: int) -> float:
         )
         execute(conn, "ANALYZE training_sessions")
         start = time.perf_counter()
-        progress = processors.request_rebuild(conn, None)
+        progress = service.request_rebuild(conn, None)
         elapsed = time.perf_counter() - start
     assert progress.requested == users, (progress.requested, users)
     return elapsed
@@ -233,7 +234,7 @@ def rollover(admin_url: str, smoke: bool) -> list[Figure]:
             f"stats rollover of {users} users ({sessions} sessions over two years each)",
             news,
             " s",
-            "the window moved in place",
+            "every window moved: requests and the worker's publications",
         ),
         over_runs(
             "  the former daily work (a full generation per user) vs the rollover",
@@ -296,7 +297,7 @@ def incident(admin_url: str, smoke: bool) -> list[Figure]:
     with scratch_database(admin_url) as url:
         load_account(url, user, sessions, exercises)
         with connect(url) as conn:
-            summary = processors.drain(conn, "bench")
+            summary = service.drain(conn, "bench")
             row = fetch_one(
                 conn,
                 "SELECT compute_ms, publish_ms FROM user_stats_projection_runs"

@@ -9,7 +9,7 @@ from chaos.config import RELEASE_JITTER_SECONDS, RETRY_POLICY
 from inventory_pipeline.db import Connection, fetch_all, fetch_one, jsonb
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.profiles.generator import generate_profile
-from inventory_pipeline.stats import processors
+from inventory_pipeline.stats import service
 
 # The longest delay a case may legitimately wait: the retry cap, or the release jitter
 # of an authentication case released after a verified key.
@@ -503,7 +503,7 @@ def nothing_owed(conn: Connection) -> list[str]:
             " ORDER BY user_id",
         )
     ]
-    status = processors.worker_status(conn)
+    status = service.worker_status(conn)
     out += [
         f"status function: {key} = {status.get(key)} after settling"
         for key in ("owed_users", "stale_users")

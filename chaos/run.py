@@ -79,7 +79,7 @@ from inventory_pipeline.db.connection import create_database, drop_database, url
 from inventory_pipeline.db.migrator import migrate
 from inventory_pipeline.provider import admission
 from inventory_pipeline.provider.standin import StandIn
-from inventory_pipeline.stats import processors, runbook
+from inventory_pipeline.stats import runbook, service
 from tests.factories import tables_containing
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -774,7 +774,7 @@ def _rebuild_and_compare(conn: Connection, harness: Harness) -> list[str]:
         incremental = invariants.projections(conn)
     except DatabaseError as exc:
         return [*out, f"PR overview unreadable after quiescence: {exc}"]
-    processors.request_rebuild(conn, invariants.stats_users(conn))
+    service.request_rebuild(conn, invariants.stats_users(conn))
     _, left = _quiesce(conn, MAX_QUIESCE_SECONDS, harness)
     if left:
         return [*out, f"rebuild did not finish: {left}"]

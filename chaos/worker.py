@@ -32,7 +32,7 @@ from inventory_pipeline.provider.models import Failure, FetchResult, FindAnswer
 from inventory_pipeline.provider.tmdb import TmdbClient
 from inventory_pipeline.recovery import service as recovery
 from inventory_pipeline.revalidation import service as revalidation
-from inventory_pipeline.stats import maintenance, processors
+from inventory_pipeline.stats import maintenance
 from inventory_pipeline.stats import service as stats_service
 
 IDLE_SECONDS = 0.2
@@ -179,7 +179,7 @@ def stats(conn: Connection) -> bool:
         return False
     declare(conn, claim.lease_token)
     if random.random() < 0.5:
-        processors.process_claim(conn, claim)
+        stats_service.process(conn, claim)
         return True
     if random.random() < 0.08:
         stall()
@@ -198,7 +198,7 @@ def drainer(conn: Connection) -> bool:
     rounds; two of these run at once beside the stepping workers. It declares nothing to
     the harness: its publications are judged by the token its publish stage declared
     for the fence."""
-    summary = processors.drain(conn, f"chaos-{os.getpid()}", max_rounds=5)
+    summary = stats_service.drain(conn, f"chaos-{os.getpid()}", max_rounds=5)
     return bool(summary.rounds)
 
 

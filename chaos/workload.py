@@ -55,7 +55,7 @@ from inventory_pipeline.db import (
 )
 from inventory_pipeline.db.connection import translate_errors
 from inventory_pipeline.provider.standin import StandIn
-from inventory_pipeline.stats import processors
+from inventory_pipeline.stats import service
 from tests.factories import insert_items, item_values
 
 GLOBAL_EXERCISES = ("squat", "bench_press", "deadlift", "overhead_press", "row", "pull_up")
@@ -668,7 +668,7 @@ class Workload:
         def rebuild() -> None:
             try:
                 with reconnect() as conn:
-                    processors.request_rebuild(conn, None)
+                    service.request_rebuild(conn, None)
                 with self.lock:
                     self.done["rebuild_everyone"] += 1
             except DatabaseError as exc:

@@ -181,6 +181,9 @@ DECLARE
     run record;
     v_retry timestamptz;
 BEGIN
+    -- After a statement timeout fired, nothing bounds this transaction's statements:
+    -- its writes wait for a lock one second at most (then the stage call fails whole).
+    PERFORM set_config('lock_timeout', '1s', true);
     SELECT r.job_id, r.attempts, st.max_attempts, st.retry_backoff_seconds INTO run
     FROM user_stats_projection_runs r
     JOIN stats_projection_worker_settings st ON st.id = 1
@@ -353,9 +356,12 @@ BEGIN
             -- Under the user's lock, in statements of their own (their snapshots see what
             -- a claim that held it committed): the user's oldest pending job, unless a
             -- save holds it (then the user is passed by), and no live job.
-            SELECT min(o.id) INTO v_oldest
+            v_oldest := NULL;
+            SELECT o.id INTO v_oldest
             FROM user_exercise_stats_refresh_jobs o
-            WHERE o.user_id = v_candidate.user_id AND o.status = 'pending';
+            WHERE o.user_id = v_candidate.user_id AND o.status = 'pending'
+            ORDER BY o.id
+            LIMIT 1;
             CONTINUE WHEN v_oldest IS NULL OR EXISTS (
                 SELECT 1 FROM user_exercise_stats_refresh_jobs q
                 WHERE q.user_id = v_candidate.user_id AND q.status = 'processing');
@@ -503,74 +509,74 @@ BEGIN
         RETURN;
     END IF;
 
-    IF v_cursor IS NULL THEN
-        -- Candidates: exercises in scope the user has sets for, those in scope already
-        -- projected (an exercise whose last set went away must disappear), and those
-        -- named; and whether the user has any session (no session, no period rows).
-        SELECT coalesce(array_agg(c.exercise_id ORDER BY c.exercise_id), '{}'),
-               EXISTS (SELECT 1 FROM training_sessions s WHERE s.user_id = run.user_id)
-        INTO v_candidates, v_sessions
-        FROM (
-            SELECT ts.exercise_id
-            FROM training_sessions s
-            JOIN training_sets ts ON ts.session_id = s.id
-            WHERE s.user_id = run.user_id
-              AND (cardinality(run.exercise_ids) = 0 OR ts.exercise_id = ANY (run.exercise_ids))
-            UNION
-            SELECT e.exercise_id FROM user_exercise_stats e
-            WHERE e.user_id = run.user_id
-              AND (cardinality(run.exercise_ids) = 0 OR e.exercise_id = ANY (run.exercise_ids))
-            UNION
-            SELECT unnest(run.exercise_ids)
-        ) AS c (exercise_id);
-        v_total := cardinality(v_candidates);
-        IF v_total > p_batch_size THEN
-            -- Preparation: the exercise list frozen, with the inputs the batches check.
-            v_cursor := jsonb_build_object(
-                'stage', 'batches', 'next_offset', 0, 'exercises', to_jsonb(v_candidates),
-                'total', v_total, 'source', run.target_version, 'anchor', run.from_date,
-                'base', run.base_applied_version, 'output_revision', 0, 'retry_count', 0,
-                'sessions', v_sessions, 'xid', run.xid);
-            UPDATE user_stats_projection_runs r
-            SET payload = jsonb_build_object('_batch', v_cursor), error = NULL,
-                compute_ms = r.compute_ms
-                    + extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000
-            WHERE r.id = p_run_id;
-            compute_status := 'batch_pending';
-            compute_stage := 'batches';
-            compute_next_offset := 0;
-            compute_total := v_total;
-            RETURN NEXT;
-            RETURN;
-        END IF;
-    ELSE
-        -- A batch step checks the inputs its cursor was prepared on: the run fixes its
-        -- target and anchor, so the published base is the one that can move. A save
-        -- meanwhile does not: its writes stay a pending successor.
-        SELECT coalesce(s.applied_version, 0) INTO v_applied
-        FROM (SELECT 1) AS one
-        LEFT JOIN user_stats_refresh_state s ON s.user_id = run.user_id;
-        IF v_applied <> (v_cursor ->> 'base')::bigint THEN
-            DELETE FROM stats_output_exercise o WHERE o.run_id = p_run_id;
-            DELETE FROM stats_output_period o WHERE o.run_id = p_run_id;
-            compute_reason := 'inputs changed: the published base moved';
-            compute_retry_not_before := stats_fail_attempt(p_run_id, compute_reason,
-                                                           run.payload - '_batch');
-            compute_status := CASE WHEN compute_retry_not_before IS NULL THEN 'failed'
-                                   ELSE 'retry_pending' END;
-            RETURN NEXT;
-            RETURN;
-        END IF;
-        v_candidates := ARRAY(SELECT jsonb_array_elements_text(v_cursor -> 'exercises'));
-        v_total := cardinality(v_candidates);
-        v_sessions := coalesce((v_cursor ->> 'sessions')::boolean, true);
-        v_offset := (v_cursor ->> 'next_offset')::integer;
-    END IF;
-
     -- The step's work, under a savepoint: its statement budget running out, or a value
     -- it cannot compute, rolls back this step only and is a failed attempt that keeps
     -- what earlier steps committed.
     BEGIN
+        IF v_cursor IS NULL THEN
+            -- Candidates: exercises in scope the user has sets for, those in scope already
+            -- projected (an exercise whose last set went away must disappear), and those
+            -- named; and whether the user has any session (no session, no period rows).
+            SELECT coalesce(array_agg(c.exercise_id ORDER BY c.exercise_id), '{}'),
+                   EXISTS (SELECT 1 FROM training_sessions s WHERE s.user_id = run.user_id)
+            INTO v_candidates, v_sessions
+            FROM (
+                SELECT ts.exercise_id
+                FROM training_sessions s
+                JOIN training_sets ts ON ts.session_id = s.id
+                WHERE s.user_id = run.user_id
+                  AND (cardinality(run.exercise_ids) = 0 OR ts.exercise_id = ANY (run.exercise_ids))
+                UNION
+                SELECT e.exercise_id FROM user_exercise_stats e
+                WHERE e.user_id = run.user_id
+                  AND (cardinality(run.exercise_ids) = 0 OR e.exercise_id = ANY (run.exercise_ids))
+                UNION
+                SELECT unnest(run.exercise_ids)
+            ) AS c (exercise_id);
+            v_total := cardinality(v_candidates);
+            IF v_total > p_batch_size THEN
+                -- Preparation: the exercise list frozen, with the inputs the batches check.
+                v_cursor := jsonb_build_object(
+                    'stage', 'batches', 'next_offset', 0, 'exercises', to_jsonb(v_candidates),
+                    'total', v_total, 'source', run.target_version, 'anchor', run.from_date,
+                    'base', run.base_applied_version, 'output_revision', 0, 'retry_count', 0,
+                    'sessions', v_sessions, 'xid', run.xid);
+                UPDATE user_stats_projection_runs r
+                SET payload = jsonb_build_object('_batch', v_cursor), error = NULL,
+                    compute_ms = r.compute_ms
+                        + extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000
+                WHERE r.id = p_run_id;
+                compute_status := 'batch_pending';
+                compute_stage := 'batches';
+                compute_next_offset := 0;
+                compute_total := v_total;
+                RETURN NEXT;
+                RETURN;
+            END IF;
+        ELSE
+            -- A batch step checks the inputs its cursor was prepared on: the run fixes its
+            -- target and anchor, so the published base is the one that can move. A save
+            -- meanwhile does not: its writes stay a pending successor.
+            SELECT coalesce(s.applied_version, 0) INTO v_applied
+            FROM (SELECT 1) AS one
+            LEFT JOIN user_stats_refresh_state s ON s.user_id = run.user_id;
+            IF v_applied <> (v_cursor ->> 'base')::bigint THEN
+                DELETE FROM stats_output_exercise o WHERE o.run_id = p_run_id;
+                DELETE FROM stats_output_period o WHERE o.run_id = p_run_id;
+                compute_reason := 'inputs changed: the published base moved';
+                compute_retry_not_before := stats_fail_attempt(p_run_id, compute_reason,
+                                                               run.payload - '_batch');
+                compute_status := CASE WHEN compute_retry_not_before IS NULL THEN 'failed'
+                                       ELSE 'retry_pending' END;
+                RETURN NEXT;
+                RETURN;
+            END IF;
+            v_candidates := ARRAY(SELECT jsonb_array_elements_text(v_cursor -> 'exercises'));
+            v_total := cardinality(v_candidates);
+            v_sessions := coalesce((v_cursor ->> 'sessions')::boolean, true);
+            v_offset := (v_cursor ->> 'next_offset')::integer;
+        END IF;
+
         IF v_cursor IS NULL OR v_cursor ->> 'stage' = 'batches' THEN
             v_chunk := CASE WHEN v_cursor IS NULL THEN v_candidates
                             ELSE v_candidates[v_offset + 1 : v_offset + p_batch_size] END;
@@ -637,9 +643,12 @@ BEGIN
             IF SQLSTATE = '57014' AND NOT stats_budget_spent('compute') THEN
                 RAISE;  -- a client's or operator's cancel is theirs to handle
             END IF;
-            v_kept := CASE WHEN v_cursor IS NULL THEN run.payload
-                           ELSE jsonb_build_object('_batch', v_cursor || jsonb_build_object(
-                               'retry_count', (v_cursor ->> 'retry_count')::integer + 1)) END;
+            -- The payload as the step found it (its writes are undone), a batch run's
+            -- retries counted in its cursor.
+            v_kept := CASE WHEN run.payload ? '_batch'
+                           THEN jsonb_set(run.payload, '{_batch,retry_count}', to_jsonb(
+                               (run.payload #>> '{_batch,retry_count}')::integer + 1))
+                           ELSE run.payload END;
             compute_reason := CASE WHEN SQLSTATE = '57014'
                                    THEN 'statement budget spent (57014)'
                                    ELSE format('compute failed (%s): %s', SQLSTATE,
@@ -897,9 +906,11 @@ DECLARE
     v_reason text := coalesce(p_reason, '');
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('stats_enqueue:' || p_user_id::text, 0));
-    SELECT max(id) INTO v_newest
+    SELECT id INTO v_newest
     FROM user_exercise_stats_refresh_jobs
-    WHERE user_id = p_user_id AND status = 'pending';
+    WHERE user_id = p_user_id AND status = 'pending'
+    ORDER BY id DESC
+    LIMIT 1;
     IF v_newest IS NOT NULL THEN
         UPDATE user_exercise_stats_refresh_jobs
         SET from_date = stats_merge_from_date(from_date, p_from_date),
@@ -974,8 +985,9 @@ AS $$
 BEGIN
     IF p_value IS NULL OR p_value = 'NaN'::numeric OR p_value IN ('Infinity', '-Infinity')
        OR p_value < 0 OR (p_minimum_exclusive AND p_value = 0) OR p_value >= 100000 THEN
-        RAISE EXCEPTION '% must be a number from % to 99999.99, got %', p_field,
-            CASE WHEN p_minimum_exclusive THEN 'above 0' ELSE '0' END,
+        RAISE EXCEPTION '% must be a number %, got %', p_field,
+            CASE WHEN p_minimum_exclusive THEN 'above 0 and below 100000'
+                 ELSE 'from 0 to 99999.99' END,
             coalesce(p_value::text, 'nothing')
             USING ERRCODE = '22023';
     END IF;
@@ -1243,6 +1255,8 @@ DECLARE
     v_state record;
     v_backoff interval;
 BEGIN
+    -- A rollover never waits long for a user's save: one second, then a failed attempt.
+    PERFORM set_config('lock_timeout', '1s', true);
     SELECT r.user_id, r.due_at,
            make_interval(mins => least(60, power(2, r.attempt_count)::integer))
     INTO v_user, v_due, v_backoff
@@ -1279,10 +1293,22 @@ BEGIN
         RETURN QUERY SELECT v_due, v_user, 'deferred';
         RETURN;
     END IF;
-    PERFORM enqueue_user_exercise_stats_refresh_job(
-        v_user, 'pr_overview_rollover', stats_clock_date(), NULL,
-        'PR overview window moved to ' || stats_clock_date(), 'rollover:' || stats_clock_date(),
-        bump_stats_requested_version(v_user));
+    BEGIN
+        PERFORM enqueue_user_exercise_stats_refresh_job(
+            v_user, 'pr_overview_rollover', stats_clock_date(), NULL,
+            'PR overview window moved to ' || stats_clock_date(),
+            'rollover:' || stats_clock_date(), bump_stats_requested_version(v_user));
+    EXCEPTION WHEN lock_not_available THEN
+        -- A save of the user holds its enqueue turn past the lock timeout.
+        UPDATE user_pr_overview_rollover_state
+        SET attempt_count = attempt_count + 1,
+            last_error = left(split_part(SQLERRM, E'\n', 1), 200),
+            next_retry_at = now() + v_backoff, due_at = now() + v_backoff,
+            updated_at = now()
+        WHERE user_id = v_user;
+        RETURN QUERY SELECT v_due, v_user, 'failed';
+        RETURN;
+    END;
     UPDATE user_pr_overview_rollover_state
     SET attempt_count = attempt_count + 1, last_error = NULL,
         next_retry_at = now() + interval '10 minutes', due_at = now() + interval '10 minutes',

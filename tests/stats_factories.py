@@ -133,10 +133,6 @@ def set_run(conn: Connection, run_id: int, lease_token: uuid.UUID, assignments: 
 
 
 def hold_lease_slots(conn: Connection) -> None:
-    """In the caller's transaction, lock every lease slot as a claim filling it would:
-    a claim made meanwhile finds no slot it can take."""
-    execute(
-        conn,
-        "SELECT pg_advisory_xact_lock(hashtext('stats_lease_slots'), s)"
-        " FROM stats_projection_worker_settings, generate_series(1, active_lease_cap) AS s",
-    )
+    """In the caller's transaction, lock every lease slot's row as a claim filling it
+    would: a claim made meanwhile finds no slot it can take."""
+    execute(conn, "SELECT slot FROM stats_lease_slots FOR UPDATE")

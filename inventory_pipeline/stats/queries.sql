@@ -231,6 +231,9 @@ SET due_at = EXCLUDED.due_at,
     last_success_at = now(),
     updated_at = now();
 
+-- name: set_lock_timeout
+SET LOCAL lock_timeout = '1s';
+
 -- name: request_rollover
 -- One due user's rollover as one call, its own transaction: the next due user after
 -- the tick's last one gets a new generation requested (or waits for its pending one);

@@ -9,7 +9,7 @@ from datetime import date
 from chaos import invariants
 from chaos.run import retry_exhausted
 from inventory_pipeline.db import Connection, execute, fetch_all
-from inventory_pipeline.stats import processors
+from inventory_pipeline.stats import service
 from tests import stats_factories as sf
 
 TODAY = date(2026, 11, 30)
@@ -59,7 +59,7 @@ def test_the_runbook_retries_only_what_the_product_calls_stale(conn: Connection)
     )
     assert retry_exhausted(conn) == 1
     assert retry_exhausted(conn) == 0  # retried already
-    while processors.drain(conn, "test").rounds:
+    while service.drain(conn, "test").rounds:
         pass
     assert invariants.nothing_owed(conn) == []
     assert [line.split(":")[0] for line in invariants.owed_ranges(conn)] == [f"user {current}"]

@@ -14,7 +14,7 @@ from typing import Any
 
 from chaos import invariants, stats_oracle
 from inventory_pipeline.db import Connection, connect, execute, fetch_all, fetch_one, transaction
-from inventory_pipeline.stats import processors
+from inventory_pipeline.stats import service
 from inventory_pipeline.stats import service as stats_service
 from tests import stats_factories as sf
 
@@ -31,7 +31,7 @@ def _today(conn: Connection) -> None:
 
 def _drain(conn: Connection) -> None:
     for _ in range(20):
-        if not processors.drain(conn, "test").rounds:
+        if not service.drain(conn, "test").rounds:
             return
     raise AssertionError("the queue did not drain")
 
@@ -380,7 +380,7 @@ def test_the_rebuild_covers_users_whose_sessions_were_all_deleted(conn: Connecti
     )
     assert user in invariants.stats_users(conn)
     before = invariants.projections(conn)
-    processors.request_rebuild(conn, invariants.stats_users(conn))
+    service.request_rebuild(conn, invariants.stats_users(conn))
     _drain(conn)
     assert sf.exercise_stats(conn, user) == {}
     assert invariants.projections_equal(before, invariants.projections(conn)) == [
@@ -467,7 +467,7 @@ def test_a_batch_run_resumed_by_another_process_is_counted(db_url: str) -> None:
         sf.expire_run(first, claim.run_id, claim.lease_token)  # the first process died
         resumed = stats_service.claim(second, "chaos-2")
         assert resumed is not None and resumed.lease_token == claim.lease_token
-        processors.process_claim(second, resumed)
+        service.process(second, resumed)
         row = fetch_one(
             second,
             "SELECT (SELECT count(*) FROM (SELECT run_id FROM chaos_stats_steps"

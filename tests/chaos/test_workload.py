@@ -28,7 +28,7 @@ from inventory_pipeline.db import Connection, connect, execute, fetch_all, fetch
 from inventory_pipeline.db.connection import database_name
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.provider.standin import StandIn
-from inventory_pipeline.stats import processors
+from inventory_pipeline.stats import service
 from inventory_pipeline.stats import service as stats_service
 from inventory_pipeline.stats.models import BATCH_SIZE
 from tests import factories as f
@@ -172,7 +172,7 @@ def test_deleted_libraries_and_servers_come_back_under_their_names(
 
 
 def _drain(conn: Connection) -> None:
-    while processors.drain(conn, "test").rounds:
+    while service.drain(conn, "test").rounds:
         pass
 
 

@@ -39,7 +39,7 @@ def test_maintenance_jobs_report_counts(
     stats_defs.stats_drain.execute_in_process(instance=instance, resources={"inventory_db": db})
     conn.execute("UPDATE user_pr_overview_rollover_state SET due_at = now()")
     for job, expected in (
-        (maintenance_defs.stats_rollover, "rollover_rolled"),
+        (maintenance_defs.stats_rollover, "rollover_requested"),
         (maintenance_defs.stats_backfill_scan, "users"),
         (maintenance_defs.stats_retention, "dagster_runs"),
     ):

@@ -15,7 +15,7 @@ from inventory_pipeline.db import Connection, DatabaseUnavailable, connect, exec
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.profiles.models import RefreshPolicy
 from inventory_pipeline.provider.standin import StandIn
-from inventory_pipeline.stats import processors, service
+from inventory_pipeline.stats import service
 from tests import factories as f
 from tests import stats_factories as sf
 from tests.conftest import TMDB_TEST_KEY
@@ -123,7 +123,7 @@ def test_enqueue_against_claim_in_every_order(conn: Connection, db_url: str) -> 
     for claim in (claimed, taken):
         service.compute(conn, claim)
         service.publish(conn, claim)
-    processors.drain(conn, "w")
+    service.drain(conn, "w")
     for user in (early, during, after):
         requested, applied = sf.versions(conn, user)
         assert requested == applied == 2
@@ -137,10 +137,10 @@ def test_publication_never_goes_back_a_generation(conn: Connection) -> None:
     assert first is not None
     sf.save(conn, user, date(2026, 3, 2), sf.sets(("squat", 120, 5)))
     # The scoped processor cannot take the user's newer job while one is processing.
-    assert processors.process_user(conn, user, "app").outcome == "idle"
+    assert service.process_user(conn, user, "app").outcome == "idle"
     service.compute(conn, first)
     assert service.publish(conn, first).generation == 1
-    assert processors.process_user(conn, user, "app").outcome == "published"
+    assert service.process_user(conn, user, "app").outcome == "published"
     assert sf.versions(conn, user) == (2, 2)
     # A replayed publication of the old run changes nothing.
     assert service.publish(conn, first).status == "lost"

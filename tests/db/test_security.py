@@ -15,7 +15,7 @@ from inventory_pipeline.provider.standin import StandIn, record
 from inventory_pipeline.provider.tmdb import TmdbClient
 from inventory_pipeline.recovery import service as recovery
 from inventory_pipeline.recovery.policy import RetryPolicy
-from inventory_pipeline.stats import processors
+from inventory_pipeline.stats import service
 from tests import factories as f
 from tests import stats_factories as sf
 from tests.conftest import TMDB_TEST_KEY
@@ -162,7 +162,7 @@ def test_hostile_strings_are_data_on_every_write_path(conn: Connection) -> None:
         ),
     )
     execute(conn, "SELECT request_stats_refresh(%s, NULL, %s, %s)", (user, [exercise], HOSTILE[2]))
-    processors.drain(conn, "worker")
+    service.drain(conn, "worker")
     assert list(sf.exercise_stats(conn, user)) == [HOSTILE[0]]
     assert fetch_one(conn, "SELECT notes FROM training_sessions WHERE user_id = %s", (user,)) == {
         "notes": HOSTILE[1]

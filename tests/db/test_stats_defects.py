@@ -19,7 +19,7 @@ from inventory_pipeline.db import (
     fetch_one,
     transaction,
 )
-from inventory_pipeline.stats import processors, service
+from inventory_pipeline.stats import service
 from inventory_pipeline.stats.models import ProcessResult, StatsClaim
 from tests import stats_factories as sf
 from tests.roles import acting_as
@@ -53,11 +53,11 @@ def test_statement_timeout_in_publish_backs_off(
     assert result.status == "retry_pending" and "57014" in (result.reason or "")
     assert result.retry_not_before is not None
     assert [j["status"] for j in sf.jobs(conn, user)] == ["processing"]
-    assert processors.worker_status(conn)["backing_off"] == 1
+    assert service.worker_status(conn)["backing_off"] == 1
     assert service.claim(conn, "test") is None  # no immediate retry
     execute(conn, "UPDATE stats_projection_worker_settings SET publish_budget_ms = 6000")
     execute(conn, "UPDATE user_stats_projection_runs SET retry_not_before = now()")
-    summary = processors.drain(conn, "test")
+    summary = service.drain(conn, "test")
     assert [u for u, _, _ in summary.published] == [user]  # the computed output, kept
     assert sf.versions(conn, user) == (1, 1)
 
@@ -76,7 +76,7 @@ def test_process_claim_returns_inside_a_transaction(
         def inside_transaction() -> None:
             try:
                 with transaction(worker):
-                    results.append(processors.process_claim(worker, claimed))
+                    results.append(service.process(worker, claimed))
             except BaseException as exc:  # reported by the assertion below
                 results.append(exc)
 
@@ -91,7 +91,7 @@ def test_process_claim_returns_inside_a_transaction(
     [result] = results
     assert isinstance(result, ProcessResult)
     assert (result.status, result.publication) == ("batch_pending", None)
-    assert processors.process_claim(conn, claimed).outcome == "published"  # outside: advances
+    assert service.process(conn, claimed).outcome == "published"  # outside: advances
 
 
 def test_first_retry_waits_one_backoff(conn: Connection, db_url: str, user: uuid.UUID) -> None:
@@ -150,7 +150,7 @@ def test_application_role_without_caller_fails_closed(
     refused, never trusted like a service caller."""
     execute(conn, "SELECT set_config('inventory.stats_today', '2026-03-10', false)")
     session = sf.save(conn, user, D, sf.sets(("squat", 100, 5)))["session_id"]
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     member = f"test_app_member_{uuid.uuid4().hex[:12]}"
     execute(conn, f"CREATE ROLE {member} NOLOGIN IN ROLE inventory_app")
     try:
@@ -166,7 +166,7 @@ def test_application_role_without_caller_fails_closed(
 def test_application_role_with_caller_is_served(conn: Connection, user: uuid.UUID) -> None:
     execute(conn, "SELECT set_config('inventory.stats_today', '2026-03-10', false)")
     sf.save(conn, user, D, sf.sets(("squat", 100, 5)))
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     with acting_as(conn, "inventory_app"):
         execute(conn, "SELECT set_config('inventory.current_user_id', %s, true)", (str(user),))
         row = fetch_one(conn, "SELECT count(*) AS n FROM get_pr_overview(%s, %s)", (user, D))
@@ -175,11 +175,11 @@ def test_application_role_with_caller_is_served(conn: Connection, user: uuid.UUI
 
 def test_session_without_sets_dirties_no_exercise(conn: Connection, user: uuid.UUID) -> None:
     sf.save(conn, user, D, sf.sets(("squat", 100, 5), ("bench", 80, 5)))
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     sf.save(conn, user, date(2026, 3, 11), [])
     [job] = [j for j in sf.jobs(conn, user) if j["status"] == "pending"]
     assert (job["from_date"], job["exercise_ids"]) == (date(2026, 3, 11), None)
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     generations = {e: r["generation"] for e, r in sf.exercise_stats(conn, user).items()}
     assert generations == {"squat": 1, "bench": 1}  # untouched
     day = fetch_one(

@@ -19,7 +19,7 @@ from inventory_pipeline.db import (
     fetch_all,
     fetch_one,
 )
-from inventory_pipeline.stats import processors
+from inventory_pipeline.stats import service
 from tests import stats_factories as sf
 
 D = date(2026, 3, 10)
@@ -36,7 +36,7 @@ def test_one_owner_door_processes_one_account_per_call(conn: Connection, squat: 
         sf.save(conn, u, D, sf.sets((squat, 100, 5)))
     seen = []
     while True:
-        result = processors.process_one_account(conn, "door")
+        result = service.process_one_account(conn, "door")
         if result.user_id is None:
             break
         seen.append((result.outcome, result.has_more, result.remaining_user_count))
@@ -47,7 +47,7 @@ def test_scoped_processor_publishes_only_its_user(conn: Connection, squat: str) 
     mine, other = uuid.uuid4(), uuid.uuid4()
     sf.save(conn, mine, D, sf.sets((squat, 100, 5)))
     sf.save(conn, other, D, sf.sets((squat, 90, 5)))
-    result = processors.process_user(conn, mine, "app")
+    result = service.process_user(conn, mine, "app")
     assert (result.outcome, result.has_more) == ("published", False)
     assert sf.versions(conn, mine) == (1, 1) and sf.versions(conn, other) == (1, 0)
 
@@ -60,7 +60,7 @@ def test_scoped_processor_statement_timeout_keeps_job_pending(
     execute(conn, "UPDATE stats_projection_worker_settings SET compute_budget_ms = 300")
     with connect(db_url) as blocker, blocker.transaction():
         execute(blocker, "LOCK TABLE stats_output_exercise IN EXCLUSIVE MODE")
-        result = processors.process_user(conn, user, "app")
+        result = service.process_user(conn, user, "app")
     assert result.outcome == "worker_timed_out" and result.has_more
     assert [j["status"] for j in sf.jobs(conn, user)] == ["pending"]
     assert fetch_all(conn, "SELECT 1 FROM user_stats_projection_runs") == []
@@ -82,7 +82,7 @@ def test_scoped_processor_reraises_other_cancellations(
 
         threading.Thread(target=cancel).start()
         with pytest.raises(QueryCanceled) as canceled:
-            processors.process_user(conn, user, "app")
+            service.process_user(conn, user, "app")
     # Canceled well inside the compute budget: not the statement timeout.
     assert canceled.value.elapsed_ms is not None and canceled.value.elapsed_ms < 60_000
     assert [j["status"] for j in sf.jobs(conn, user)] == ["pending"]
@@ -91,20 +91,20 @@ def test_scoped_processor_reraises_other_cancellations(
 def test_scoped_processor_defers_large_accounts(conn: Connection) -> None:
     user = uuid.uuid4()
     sf.history(conn, user, sessions=60, exercises=120)
-    result = processors.process_user(conn, user, "app")
+    result = service.process_user(conn, user, "app")
     assert result.outcome == "deferred"
     assert [j["status"] for j in sf.jobs(conn, user)] == ["pending"]
-    assert len(processors.drain(conn, "worker").published) == 1
+    assert len(service.drain(conn, "worker").published) == 1
 
 
 def test_status_function(conn: Connection, squat: str) -> None:
     for _ in range(2):
         sf.save(conn, uuid.uuid4(), D, sf.sets((squat, 100, 5)))
-    status = processors.worker_status(conn)
+    status = service.worker_status(conn)
     assert (status["pending_users"], status["pending_jobs"]) == (2, 2)
     assert status["settings"]["publish_budget_ms"] == 6000
-    processors.drain(conn, "test")
-    status = processors.worker_status(conn)
+    service.drain(conn, "test")
+    status = service.worker_status(conn)
     assert status["completed_last_hour"] == 2 and status["compute_ms_max_last_hour"] is not None
     for key in (
         "oldest_wait_seconds",
@@ -127,7 +127,7 @@ def test_application_role_boundaries(conn: Connection, squat: str) -> None:
         sf.save(conn, me, D, sf.sets((squat, 100, 5)))  # the write surface is open
         with pytest.raises(DatabaseError, match="owner"), conn.transaction():
             sf.save(conn, someone, D, sf.sets((squat, 1, 1)))  # not as somebody else
-    processors.drain(conn, "worker")
+    service.drain(conn, "worker")
     for forbidden in (
         "SELECT * FROM user_exercise_stats_refresh_jobs",
         "SELECT * FROM user_stats_projection_runs",

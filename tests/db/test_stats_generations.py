@@ -1,6 +1,7 @@
-"""Generations never go back: one live job per user (enforced by the schema), and a
-publication whose target is not newer than the applied generation is refused and its
-range absorbed by a newer one. Every interleaving of two jobs of one user."""
+"""Generations never go back: one live job per user (enforced by the schema), a user's
+jobs started oldest first, and a publication whose target is not newer than the applied
+generation refused with its range absorbed by a newer one. Every interleaving of two
+jobs of one user."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from inventory_pipeline.db import (
     fetch_one,
     transaction,
 )
-from inventory_pipeline.stats import processors, service
+from inventory_pipeline.stats import service
 from inventory_pipeline.stats.models import StatsClaim
 from tests import stats_factories as sf
 
@@ -113,31 +114,26 @@ def assert_settled(
     assert generations(conn, user)[3] == applied
 
 
-def test_newer_job_published_first_then_older_is_refused_and_absorbed(
+def test_a_newer_job_waits_while_a_claim_holds_the_older_one(
     conn: Connection, db_url: str, user: uuid.UUID
 ) -> None:
-    """J2 (generation 3) is claimed and published while J1's row is held; J1 then
-    publishes generation 1 under applied 3 — refused, its range goes to generation 4."""
+    """J1 (generation 1) is held by another claim in flight: a claim passes the user by
+    rather than start J2 (generation 3) first, so a user's generations publish in the
+    order their jobs were made and a newer one never lands before an older."""
     j1, j2 = two_pending_jobs(conn, db_url, user)
     with claim_in_flight(db_url, j1):
-        newer = service.claim(conn, "w2")
-    assert newer is not None and (newer.job_id, newer.target_version) == (j2, 3)
+        assert service.claim(conn, "w2") is None
     seen = []
-    assert publish(conn, newer) == "published"
-    seen.append(generations(conn, user))
-    older = service.claim(conn, "w1")
-    assert older is not None and (older.job_id, older.target_version) == (j1, 1)
-    assert service.compute(conn, older).status == "computed"
-    refused = service.publish(conn, older)
-    seen.append(generations(conn, user))
-    assert refused.status == "rejected"
-    assert refused.reason == "generation 1 is not newer than applied 3"
-    successor = [j for j in sf.jobs(conn, user) if j["status"] == "pending"]
-    assert [(j["requested_version"], j["exercise_ids"]) for j in successor] == [(4, ["squat"])]
-    processors.drain(conn, "w")
-    seen.append(generations(conn, user))
+    for job, generation in ((j1, 1), (j2, 3)):
+        claimed = service.claim(conn, "w")
+        assert claimed is not None and (claimed.job_id, claimed.target_version) == (
+            job,
+            generation,
+        )
+        assert publish(conn, claimed) == "published"
+        seen.append(generations(conn, user))
     assert_settled(conn, user, seen)
-    assert sf.versions(conn, user) == (4, 4)
+    assert sf.versions(conn, user) == (3, 3)
 
 
 def test_older_job_published_first_then_newer(
@@ -163,8 +159,8 @@ def test_claim_rollback_while_enqueue_skipped_then_drains(
     first = service.claim(conn, "w")
     assert first is not None
     assert service.claim(conn, "w") is None  # the user's other job waits
-    processors.process_claim(conn, first)
-    processors.drain(conn, "w")
+    service.process(conn, first)
+    service.drain(conn, "w")
     assert_settled(conn, user, [])
 
 

@@ -1,5 +1,7 @@
-"""The active-lease cap holds under concurrent claims, a run waiting out its retry time
-holds no slot, and the status function counts active leases as the claim does."""
+"""The active-lease cap: one row per slot, a claim takes a free one (its run holds no
+active lease) without waiting, a stage renewing its lease locks its row, and a run
+waiting out its retry time holds none. The status function counts active leases as the
+claim does."""
 
 from __future__ import annotations
 
@@ -10,9 +12,8 @@ from datetime import date
 
 import pytest
 
-from inventory_pipeline.db import Connection, connect, execute, fetch_one, transaction
-from inventory_pipeline.stats import processors, service
-from inventory_pipeline.stats import repository as stats_repository
+from inventory_pipeline.db import Connection, connect, execute, fetch_all, fetch_one, transaction
+from inventory_pipeline.stats import service
 from inventory_pipeline.stats.models import StatsClaim
 from tests import stats_factories as sf
 
@@ -27,65 +28,38 @@ def users_with_work(conn: Connection, count: int) -> list[uuid.UUID]:
     return users
 
 
-def live_runs(conn: Connection) -> int:
-    row = fetch_one(
-        conn,
-        "SELECT count(*) AS n FROM user_stats_projection_runs"
-        " WHERE phase IN ('claimed', 'computed') AND lease_until > now()",
-    )
-    assert row is not None
-    return int(row["n"])
+def active_leases(conn: Connection) -> int:
+    return int(service.worker_status(conn)["active_leases"])
 
 
-def waiting_backends(conn: Connection, pids: list[int]) -> int:
-    row = fetch_one(
-        conn,
-        "SELECT count(*) AS n FROM pg_stat_activity"
-        " WHERE pid = ANY(%s) AND wait_event_type = 'Lock'",
-        (pids,),
-    )
-    assert row is not None
-    return int(row["n"])
+def slots(conn: Connection) -> list[tuple[int, int | None]]:
+    rows = fetch_all(conn, "SELECT slot, run_id FROM stats_lease_slots ORDER BY slot")
+    return [(r["slot"], r["run_id"]) for r in rows]
 
 
-def test_two_concurrent_claims_never_pass_the_cap(conn: Connection, db_url: str) -> None:
-    """Cap 2 with one live lease: two drains claim at once on their own connections.
-    Both would read 1 live lease; only one may start."""
-    users_with_work(conn, 3)
-    assert service.claim(conn, "first") is not None
+def test_concurrent_claims_never_pass_the_cap(conn: Connection, db_url: str) -> None:
+    """Cap 2: eight claims made at once on their own connections start two leases."""
+    users_with_work(conn, 8)
     results: list[StatsClaim | BaseException | None] = []
-    with (
-        connect(db_url) as gate,
-        connect(db_url) as one,
-        connect(db_url) as two,
-    ):
-        pids = [
-            fetch_one(c, "SELECT pg_backend_pid() AS pid")["pid"]  # type: ignore[index]
-            for c in (one, two)
-        ]
+    start = threading.Barrier(8)
 
-        def claim_on(c: Connection, name: str) -> None:
+    def claim_once(name: str) -> None:
+        with connect(db_url) as own:
+            start.wait()
             try:
-                results.append(service.claim(c, name))
+                results.append(service.claim(own, name))
             except BaseException as exc:  # reported by the assertion below
                 results.append(exc)
 
-        threads = [
-            threading.Thread(target=claim_on, args=(c, n)) for c, n in ((one, "one"), (two, "two"))
-        ]
-        with transaction(gate):
-            # Writes of new runs wait here, after each claim has counted the live leases.
-            execute(gate, "LOCK TABLE user_stats_projection_runs IN SHARE MODE")
-            for t in threads:
-                t.start()
-            for _ in range(500):
-                if waiting_backends(conn, pids) == 2:
-                    break
-                time.sleep(0.01)
-        for t in threads:
-            t.join(timeout=30)
-    assert live_runs(conn) == 2
-    assert sorted(type(r).__name__ for r in results) == ["NoneType", "StatsClaim"]
+    threads = [threading.Thread(target=claim_once, args=(f"w{n}",)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    claimed = [r for r in results if isinstance(r, StatsClaim)]
+    assert len(results) == 8 and all(r is None or isinstance(r, StatsClaim) for r in results)
+    assert len(claimed) == 2 and active_leases(conn) == 2
+    assert sorted(run for _, run in slots(conn)) == sorted(c.run_id for c in claimed)
 
 
 def backing_off(conn: Connection, db_url: str, claimed: StatsClaim) -> None:
@@ -96,7 +70,7 @@ def backing_off(conn: Connection, db_url: str, claimed: StatsClaim) -> None:
         " retry_backoff_seconds = 3600",
     )
     with connect(db_url) as blocker, blocker.transaction():
-        execute(blocker, "LOCK TABLE stats_output_exercise IN EXCLUSIVE MODE")
+        execute(blocker, "LOCK TABLE training_sets IN ACCESS EXCLUSIVE MODE")
         assert service.compute(conn, claimed).status == "retry_pending"
     execute(conn, "UPDATE stats_projection_worker_settings SET compute_budget_ms = 60000")
 
@@ -104,36 +78,35 @@ def backing_off(conn: Connection, db_url: str, claimed: StatsClaim) -> None:
 def test_runs_in_backoff_hold_no_slot(conn: Connection, db_url: str) -> None:
     """Two accounts waiting out a retry under cap 2 do not stop a third user, and the
     status function calls them backing off, not active."""
-    first, second, third = users_with_work(conn, 3)
+    _, _, third = users_with_work(conn, 3)
     for _ in range(2):
         claimed = service.claim(conn, "w")
         assert claimed is not None
         backing_off(conn, db_url, claimed)
-    status = processors.worker_status(conn)
+    status = service.worker_status(conn)
     assert (status["active_leases"], status["backing_off"]) == (0, 2)
     taken = service.claim(conn, "w")
     assert taken is not None and taken.user_id == third
-    assert processors.work_waiting(conn).free_slots == 1
-    status = processors.worker_status(conn)
+    assert service.work_waiting(conn).free_slots == 1
+    status = service.worker_status(conn)
     assert (status["active_leases"], status["backing_off"]) == (1, 2)
-    assert processors.process_claim(conn, taken).outcome == "published"
+    assert service.process(conn, taken).outcome == "published"
     assert sf.versions(conn, third) == (1, 1)
-    assert sf.versions(conn, first) == (1, 0) and sf.versions(conn, second) == (1, 0)
 
 
 def test_status_and_claim_agree_on_active(conn: Connection) -> None:
     users_with_work(conn, 3)
     for name in ("a", "b"):
         assert service.claim(conn, name) is not None
-    assert processors.worker_status(conn)["active_leases"] == 2
-    assert processors.work_waiting(conn).free_slots == 0
-    assert processors.work_waiting(conn).claimable == 0
+    assert active_leases(conn) == 2
+    assert service.work_waiting(conn).free_slots == 0
+    assert service.work_waiting(conn).claimable == 0
     assert service.claim(conn, "c") is None
 
 
 def test_a_resumed_run_respects_the_cap(conn: Connection, db_url: str) -> None:
     """A run whose retry time came is resumed only into a free slot, and is active
-    again once resumed."""
+    again once resumed; raising the cap adds a slot at once."""
     users_with_work(conn, 3)
     claimed = service.claim(conn, "w")
     assert claimed is not None
@@ -147,23 +120,23 @@ def test_a_resumed_run_respects_the_cap(conn: Connection, db_url: str) -> None:
     )
     assert service.claim(conn, "w") is None  # two active: the due run waits for a slot
     execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 3")
+    assert len(slots(conn)) == 3
     resumed = service.claim(conn, "w")
     assert resumed is not None and resumed.run_id == claimed.run_id
-    assert processors.worker_status(conn)["active_leases"] == 3
+    assert active_leases(conn) == 3
 
 
-def test_a_claim_waits_for_a_slot_at_most_its_budget(conn: Connection, db_url: str) -> None:
-    """Other claims are taking every free lease slot (a scoped processor's claim stays
-    uncommitted through its compute): the worker's claim waits for one for at most its
-    budget, the scoped processor not at all, and neither fails."""
+def test_a_claim_never_waits_for_a_slot(conn: Connection, db_url: str) -> None:
+    """Other claims are taking every free slot (a scoped processor's claim stays
+    uncommitted through its compute): a claim takes nothing, at once, and the scoped
+    processor reports idle; neither fails, and the work waits."""
     [user] = users_with_work(conn, 1)
-    execute(conn, "UPDATE stats_projection_worker_settings SET claim_budget_ms = 300")
     with connect(db_url) as holder, holder.transaction():
         sf.hold_lease_slots(holder)
         started = time.monotonic()
         assert service.claim(conn, "w") is None
-        assert time.monotonic() - started >= 0.3
-        assert processors.process_user(conn, user, "app").outcome == "idle"
+        assert service.process_user(conn, user, "app").outcome == "idle"
+        assert time.monotonic() - started < 1.0
     assert [j["status"] for j in sf.jobs(conn, user)] == ["pending"]
     assert service.claim(conn, "w") is not None
 
@@ -171,68 +144,65 @@ def test_a_claim_waits_for_a_slot_at_most_its_budget(conn: Connection, db_url: s
 def test_claims_filling_different_slots_do_not_wait_for_each_other(
     conn: Connection, db_url: str
 ) -> None:
-    """A claim holding one lease slot uncommitted (a scoped processor's claim through its
+    """A claim holding one slot uncommitted (a scoped processor's claim through its
     compute) does not hold up a claim that can fill another: under cap 2 the worker
-    claims the second slot at once; a third claim can only wait for the slot the scoped
-    claim is filling, and gives up after its budget."""
+    claims the second slot at once, and a third claim finds none."""
     first, second, _ = users_with_work(conn, 3)
-    execute(conn, "UPDATE stats_projection_worker_settings SET claim_budget_ms = 300")
     with connect(db_url) as scoped, scoped.transaction():
-        held = service.claim(scoped, "app", first, wait=False)
+        held = service.claim(scoped, "app", first)
         assert held is not None
         started = time.monotonic()
         taken = service.claim(conn, "w")
         assert taken is not None and taken.user_id == second
-        assert time.monotonic() - started < 0.3  # it never waited for the scoped claim
         assert service.claim(conn, "w") is None
-    assert live_runs(conn) == 2
+        assert time.monotonic() - started < 1.0  # it never waited for the scoped claim
+    assert active_leases(conn) == 2
 
 
-def test_a_lowered_cap_holds_though_a_lease_keeps_a_slot_above_it(
-    conn: Connection, db_url: str
+def test_a_lowered_cap_stops_claims_above_it_and_lets_its_leases_finish(
+    conn: Connection,
 ) -> None:
-    """Cap 3 lowered to 2 while a lease holds slot 3: two claims made at once, each able
-    to lock a free slot of the new cap, start one lease between them, not two."""
-    users_with_work(conn, 3)
+    """Cap 3 lowered to 2 while leases hold slots 1 to 3: no claim starts until two
+    end; the lease in slot 3 finishes its work, and its slot is never filled again."""
+    users_with_work(conn, 5)
     execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 3")
-    first = service.claim(conn, "first")
-    assert first is not None
-    execute(
-        conn, "UPDATE user_stats_projection_runs SET lease_slot = 3 WHERE id = %s", (first.run_id,)
-    )
+    leases = [service.claim(conn, f"w{n}") for n in range(3)]
+    assert all(lease is not None for lease in leases)
     execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 2")
-    with connect(db_url) as one, connect(db_url) as two:
-        with one.transaction(), two.transaction():
-            taken = [service.claim(c, name, wait=False) for c, name in ((one, "one"), (two, "two"))]
-    assert sorted(type(t).__name__ for t in taken) == ["NoneType", "StatsClaim"]
-    assert live_runs(conn) == 2
+    assert len(slots(conn)) == 3  # held: it stays until its lease ends
+    assert service.claim(conn, "w") is None
+    third = leases[2]
+    assert third is not None and service.process(conn, third).outcome == "published"
+    assert service.claim(conn, "w") is None  # two active, the cap
+    first = leases[0]
+    assert first is not None and service.process(conn, first).outcome == "published"
+    again = service.claim(conn, "w")
+    assert again is not None and active_leases(conn) == 2
+    execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 2")
+    assert [slot for slot, _ in slots(conn)] == [1, 2]  # the free row above it went
 
 
 def test_a_claim_leaves_the_slot_of_a_live_lease_unlocked(conn: Connection, db_url: str) -> None:
     """A scoped claim held uncommitted through its compute locks only the slot it fills:
     when the worker's lease in the other slot ends, the worker claims that slot again at
-    once instead of waiting out its budget."""
+    once."""
     first, second, third = users_with_work(conn, 3)
-    execute(conn, "UPDATE stats_projection_worker_settings SET claim_budget_ms = 300")
     leased = service.claim(conn, "w", first)
     assert leased is not None
     with connect(db_url) as scoped, scoped.transaction():
-        assert service.claim(scoped, "app", second, wait=False) is not None
-        assert service.compute(conn, leased).status == "computed"
-        assert service.publish(conn, leased).status == "published"
-        started = time.monotonic()
+        assert service.claim(scoped, "app", second) is not None
+        assert service.process(conn, leased).outcome == "published"
         again = service.claim(conn, "w", third)
         assert again is not None
-        assert time.monotonic() - started < 0.3  # no wait for a lock the scoped claim kept
 
 
 def test_a_claim_chosen_as_a_deadlock_victim_does_not_fail_the_worker(
     conn: Connection, db_url: str
 ) -> None:
-    """Claims run side by side and a claim's start locks rows of more than one table (the
-    job, then the user's owed range): a claim the server ends as a deadlock victim rolled
-    back whole and is made again instead of failing the worker; the job is claimed, by
-    that call or (when it still found the job locked) by the next."""
+    """A claim's start locks rows of more than one table (the job, then the user's owed
+    range): a claim the server ends as a deadlock victim rolled back whole and is made
+    again instead of failing the worker; the job is claimed, by that call or (when it
+    still found the job locked) by the next."""
     [user] = users_with_work(conn, 1)
     execute(
         conn,
@@ -258,7 +228,12 @@ def test_a_claim_chosen_as_a_deadlock_victim_does_not_fail_the_worker(
             thread = threading.Thread(target=claim)
             thread.start()
             for _ in range(500):  # the claim started the job and waits for the owed range
-                if waiting_backends(other, [pid]) == 1:
+                row = fetch_one(
+                    other,
+                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                    (pid,),
+                )
+                if row is not None and row["wait_event_type"] == "Lock":
                     break
                 time.sleep(0.01)
             execute(
@@ -269,6 +244,8 @@ def test_a_claim_chosen_as_a_deadlock_victim_does_not_fail_the_worker(
             )
         thread.join(timeout=30)
     [first] = results
+    # Made again at once, the claim finds the job still locked and passes the user by;
+    # the next claim takes it.
     assert first is None or isinstance(first, StatsClaim)
     claimed = first or service.claim(conn, "w")
     assert claimed is not None and claimed.user_id == user
@@ -277,16 +254,14 @@ def test_a_claim_chosen_as_a_deadlock_victim_does_not_fail_the_worker(
 def test_a_claim_that_fails_an_exhausted_job_starts_no_other_user_in_its_transaction(
     conn: Connection,
 ) -> None:
-    """A transaction carries one owner: the oldest job is past the attempt cap, so the
-    claim fails it (its range owed) in a transaction of its own, and the next user's job
-    starts in another."""
+    """A transaction carries one owner: the dead worker's job is past the attempt cap,
+    so the claim fails it (its range owed) in a transaction of its own, and the next
+    user's job starts in another."""
     exhausted, other = users_with_work(conn, 2)
-    execute(
-        conn,
-        "UPDATE user_exercise_stats_refresh_jobs SET attempts = max_attempts"
-        " FROM stats_projection_worker_settings WHERE user_id = %s",
-        (exhausted,),
-    )
+    execute(conn, "UPDATE stats_projection_worker_settings SET max_attempts = 1")
+    dead = service.claim(conn, "w", exhausted)
+    assert dead is not None
+    sf.expire_run(conn, dead.run_id, dead.lease_token)
     claimed = service.claim(conn, "w")
     assert claimed is not None and claimed.user_id == other
     [failed] = sf.jobs(conn, exhausted)
@@ -299,25 +274,42 @@ def test_a_claim_that_fails_an_exhausted_job_starts_no_other_user_in_its_transac
         (exhausted, claimed.run_id),
     )
     assert row is not None and row["failed_in"] != row["started_in"]
-    assert (
-        fetch_one(
-            conn, "SELECT 1 AS owed FROM user_stats_owed_ranges WHERE user_id = %s", (exhausted,)
-        )
-        is not None
+    owed = fetch_one(
+        conn, "SELECT 1 AS owed FROM user_stats_owed_ranges WHERE user_id = %s", (exhausted,)
     )
+    assert owed is not None
 
 
-LAPSE = "lease_until = now() - interval '1s'"
+def run_row(conn: Connection, run_id: int) -> dict[str, object]:
+    row = fetch_one(
+        conn,
+        "SELECT phase, attempts, lease_until, retry_not_before, payload"
+        " FROM user_stats_projection_runs WHERE id = %s",
+        (run_id,),
+    )
+    assert row is not None
+    return dict(row)
 
 
-def lapsed_beside_a_scoped_claim(
-    conn: Connection, lapsing: uuid.UUID, other: uuid.UUID, batched: bool, lapse: str = LAPSE
-) -> tuple[StatsClaim, StatsClaim]:
-    """Cap 1: a worker's lease (after its first batch, if `batched`) holds no slot any
-    more (`lapse`: it ran out, or its run waited out a retry time) and a claim scoped to
-    another user fills the one slot (a scoped claim does not take the run back). The
-    run's compute answers without renewing its lease beside that one, which would make
-    two active leases under cap 1."""
+@pytest.mark.parametrize(
+    ("batched", "lapse"),
+    [
+        (False, "lease_until = now() - interval '1s'"),
+        (True, "lease_until = now() - interval '1s'"),
+        (False, "retry_not_before = now() - interval '1s'"),
+    ],
+    ids=["lapsed", "lapsed-in-batches", "past-its-retry-time"],
+)
+def test_a_lease_that_holds_no_slot_is_never_renewed_by_its_worker(
+    conn: Connection, batched: bool, lapse: str
+) -> None:
+    """Cap 1: a worker's lease (after its first batch, when `batched`) holds no slot any
+    more (it lapsed, or its run waited out a retry time) and a claim scoped to another
+    user fills the one slot. The worker's next stage writes nothing and answers lost,
+    which is no failure; the claim's recovery takes the run back later."""
+    lapsing, other = users_with_work(conn, 2)
+    if batched:
+        sf.history(conn, lapsing, sessions=40, exercises=120)
     execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 1")
     lapsed = service.claim(conn, "w", lapsing)
     assert lapsed is not None
@@ -327,105 +319,22 @@ def lapsed_beside_a_scoped_claim(
     scoped = service.claim(conn, "app", other)
     assert scoped is not None
     before = run_row(conn, lapsed.run_id)
-    refused = service.compute(conn, lapsed)
-    assert (refused.status, refused.reason) == ("failed", "lease lapsed and no slot is free")
+    answer = service.compute(conn, lapsed)
+    assert answer.status == ("retry_pending" if "retry" in lapse else "lost")
     assert run_row(conn, lapsed.run_id) == before  # nothing written
-    assert processors.worker_status(conn)["active_leases"] == 1
-    assert processors.process_claim(conn, lapsed).outcome == "deferred"  # not a failure
-    assert processors.process_claim(conn, scoped).outcome == "published"
-    return lapsed, scoped
-
-
-def run_row(conn: Connection, run_id: int) -> dict[str, object]:
-    row = fetch_one(
-        conn,
-        "SELECT phase, attempts, lease_until, lease_slot, retry_not_before, payload"
-        " FROM user_stats_projection_runs WHERE id = %s",
-        (run_id,),
-    )
-    assert row is not None
-    return dict(row)
-
-
-def test_a_lapsed_lease_is_renewed_only_into_a_free_slot(conn: Connection) -> None:
-    """Once the slot is free again, the lapsed run renews its lease and computes."""
-    lapsed, _ = lapsed_beside_a_scoped_claim(conn, *users_with_work(conn, 2), batched=False)
-    assert service.compute(conn, lapsed).status == "computed"
-    assert live_runs(conn) == 1
-    assert service.publish(conn, lapsed).status == "published"
-
-
-def test_a_lapsed_run_in_batches_is_renewed_only_into_a_free_slot(conn: Connection) -> None:
-    """The same for a run computed in batches: its next batch renews the lease only
-    once the slot is free."""
-    big = uuid.uuid4()
-    sf.history(conn, big, sessions=60, exercises=120)
-    lapsed, _ = lapsed_beside_a_scoped_claim(conn, big, *users_with_work(conn, 1), batched=True)
-    assert processors.process_claim(conn, lapsed).outcome == "published"
-
-
-def test_a_run_past_its_retry_time_is_renewed_only_into_a_free_slot(conn: Connection) -> None:
-    """A run waiting out a retry time holds no slot; once the time has passed, its
-    compute does not make it active beside the lease a scoped claim took meanwhile, and
-    renews it once the slot is free."""
-    retry_passed = "retry_not_before = now() - interval '1 s'"
-    waited, _ = lapsed_beside_a_scoped_claim(
-        conn, *users_with_work(conn, 2), batched=False, lapse=retry_passed
-    )
-    assert service.compute(conn, waited).status == "computed"
-    assert processors.worker_status(conn)["active_leases"] == 1
-
-
-def test_two_lapsed_leases_renewed_at_once_do_not_pass_a_lowered_cap(
-    conn: Connection, db_url: str
-) -> None:
-    """Cap 3 with three leases, two of them lapsed; the cap is lowered to 2 while the
-    third keeps slot 3. The two lapsed runs' computes, in transactions open side by
-    side, renew one lease between them, not two (three active under cap 2)."""
-    users = users_with_work(conn, 3)
-    execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 3")
-    claims = [service.claim(conn, "w", u) for u in users]
-    assert all(c is not None for c in claims)
-    lapsed = [c for c in claims[:2] if c is not None]
-    for c in lapsed:
-        sf.expire_run(conn, c.run_id, c.lease_token)
-    execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 2")
-    with connect(db_url) as one, connect(db_url) as two:
-        with one.transaction(), two.transaction():
-            pairs = zip((one, two), lapsed, strict=True)
-            answers = [service.compute(c, claim) for c, claim in pairs]
-    assert sorted(a.status for a in answers) == ["computed", "failed"]
-    assert processors.worker_status(conn)["active_leases"] == 2
-
-
-def test_a_renewal_leaves_the_slots_of_live_leases_unlocked(conn: Connection, db_url: str) -> None:
-    """A lapsed run renewing its lease, its compute uncommitted, locks only the slot it
-    takes: when a live lease in another slot ends, a claim takes that slot at once."""
-    first, second, third, fourth = users_with_work(conn, 4)
-    execute(
-        conn,
-        "UPDATE stats_projection_worker_settings SET active_lease_cap = 3, claim_budget_ms = 300",
-    )
-    live = service.claim(conn, "w", first)
-    lapsed = service.claim(conn, "w", second)
-    assert live is not None and lapsed is not None
-    sf.expire_run(conn, lapsed.run_id, lapsed.lease_token)
-    assert service.claim(conn, "app", third) is not None  # fills the lapsed run's slot
-    with connect(db_url) as renewing, renewing.transaction():
-        assert service.compute(renewing, lapsed).status == "computed"  # into slot 3
-        assert processors.process_claim(conn, live).outcome == "published"
-        started = time.monotonic()
-        again = service.claim(conn, "w", fourth)
-        assert again is not None
-        assert time.monotonic() - started < 0.3  # no wait for a lock the renewal kept
+    assert active_leases(conn) == 1
+    assert service.process(conn, lapsed).outcome in ("lost", "deferred")  # not a failure
+    assert service.process(conn, scoped).outcome == "published"
+    assert len(service.drain(conn, "w").published) == 1  # the recovery: resumed or revived
+    assert sf.versions(conn, lapsing)[0] == sf.versions(conn, lapsing)[1]
 
 
 def test_a_compute_running_as_its_lease_lapses_keeps_its_slot(
     conn: Connection, db_url: str
 ) -> None:
     """Cap 1: a compute starts a second before its lease lapses and commits after. A
-    claim made meanwhile, after the lapse, does not fill the run's slot (the compute
-    renewing its lease would make two active leases under cap 1)."""
+    claim made meanwhile, after the lapse, does not fill the run's slot: the compute
+    locked it when it renewed the lease."""
     first, second = users_with_work(conn, 2)
     execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 1")
     ending = service.claim(conn, "w", first)
@@ -434,56 +343,42 @@ def test_a_compute_running_as_its_lease_lapses_keeps_its_slot(
     sf.set_run(conn, ending.run_id, ending.lease_token, in_a_second)
     with connect(db_url) as computing, computing.transaction():
         assert service.compute(computing, ending).status == "computed"
-        time.sleep(1.2)  # the lease, as the run row still says, has lapsed
-        assert service.claim(conn, "app", second, wait=False) is None
-    assert processors.worker_status(conn)["active_leases"] == 1
+        time.sleep(1.2)  # the lease, as the run row still says to others, has lapsed
+        assert service.claim(conn, "app", second) is None
+    assert active_leases(conn) == 1
+    assert service.publish(conn, ending).status == "published"
 
 
-@pytest.mark.parametrize("lowered", [False, True], ids=["in-its-slot", "above-a-lowered-cap"])
-def test_a_slow_batch_whose_lease_lapses_does_not_pass_the_cap(
-    conn: Connection, db_url: str, monkeypatch: pytest.MonkeyPatch, lowered: bool
+def test_a_claim_that_took_a_lapsed_slot_first_makes_the_renewal_lose_it(
+    conn: Connection, db_url: str
 ) -> None:
-    """Cap 1: a batch's transaction is several statements sent by the worker, so its
-    lease may lapse while it runs however far its end was when it started (here the
-    worker stalls inside the batch). A claim made after the lapse fills the slot; the
-    batch then does not commit its lease's renewal beside that one, whether its lease
-    held slot 1 or a slot above a cap lowered to 1 (two active leases under cap 1)."""
-    big, other = uuid.uuid4(), users_with_work(conn, 1)[0]
-    sf.history(conn, big, sessions=60, exercises=120)
-    execute(conn, "UPDATE stats_projection_worker_settings SET compute_budget_ms = 500")
-    execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 2")
-    if lowered:  # the batched run holds slot 2
-        first = service.claim(conn, "w", users_with_work(conn, 1)[0])
-        assert first is not None
-    batched = service.claim(conn, "w", big)
-    assert batched is not None
-    assert service.compute(conn, batched).status == "batch_pending"
-    if lowered:
-        assert processors.process_claim(conn, first).outcome == "published"
-    assert run_row(conn, batched.run_id)["lease_slot"] == (2 if lowered else 1)
+    """Cap 1: a worker's stage began just before its lease lapsed, and a claim made just
+    after took the slot (uncommitted). The stage's renewal waits for that claim's lock,
+    then finds the slot another run's and answers lost: two leases are never active
+    under cap 1."""
+    first, second = users_with_work(conn, 2)
     execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 1")
-    # Beyond the compute budget and the second of margin a single call needs.
-    in_three_seconds = "lease_until = clock_timestamp() + interval '3 s'"
-    sf.set_run(conn, batched.run_id, batched.lease_token, in_three_seconds)
-    before = run_row(conn, batched.run_id)
-    claimed: list[StatsClaim | None] = []
-    real = stats_repository.compute_exercises
-
-    def stalled(*args: object, **kwargs: object) -> None:
-        time.sleep(3.3)  # the lease, as the run row says to everyone else, has lapsed
-        claimed.append(service.claim(conn, "app", other, wait=False))
-        real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(stats_repository, "compute_exercises", stalled)
-    with connect(db_url) as computing:
-        answer = service.compute(computing, batched)
-    monkeypatch.undo()
-    assert processors.worker_status(conn)["active_leases"] == 1
-    assert claimed[0] is not None  # the lapsed lease held no slot
-    assert (answer.status, answer.reason) == ("failed", "lease lapsed and no slot is free")
-    assert run_row(conn, batched.run_id) == before  # the batch was undone
-    assert processors.process_claim(conn, claimed[0]).outcome == "published"
-    assert processors.process_claim(conn, batched).outcome == "published"
+    lapsing = service.claim(conn, "w", first)
+    assert lapsing is not None
+    in_a_second = "lease_until = clock_timestamp() + interval '1 s'"
+    sf.set_run(conn, lapsing.run_id, lapsing.lease_token, in_a_second)
+    answers: list[str] = []
+    with connect(db_url) as worker, connect(db_url) as claimer:
+        execute(worker, "BEGIN")  # the stage's transaction starts while the lease is live
+        time.sleep(1.1)
+        with claimer.transaction():
+            taken = service.claim(claimer, "app", second)
+            assert taken is not None
+            thread = threading.Thread(
+                target=lambda: answers.append(service.compute(worker, lapsing).status)
+            )
+            thread.start()
+            time.sleep(0.5)
+            assert not answers  # waiting for the claim's lock on the slot
+        thread.join(timeout=30)
+        execute(worker, "COMMIT")
+    assert answers == ["lost"]
+    assert active_leases(conn) == 1
 
 
 def test_a_batch_whose_commit_waits_past_its_lease_keeps_its_slot(
@@ -491,8 +386,7 @@ def test_a_batch_whose_commit_waits_past_its_lease_keeps_its_slot(
 ) -> None:
     """Cap 1: a batch run in the caller's own transaction commits when the caller does,
     here after its lease (as the run row still says) has lapsed. A claim made meanwhile
-    does not fill the run's slot (the batch renewing its lease would make two active
-    leases under cap 1)."""
+    does not fill the run's slot, whose row the batch's renewal locked."""
     big, other = uuid.uuid4(), users_with_work(conn, 1)[0]
     sf.history(conn, big, sessions=60, exercises=120)
     execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 1")
@@ -504,9 +398,9 @@ def test_a_batch_whose_commit_waits_past_its_lease_keeps_its_slot(
     with connect(db_url) as computing, computing.transaction():
         assert service.compute(computing, batched).status == "batch_pending"
         time.sleep(3.3)
-        assert service.claim(conn, "app", other, wait=False) is None
-    assert processors.worker_status(conn)["active_leases"] == 1
-    assert processors.process_claim(conn, batched).outcome == "published"
+        assert service.claim(conn, "app", other) is None
+    assert active_leases(conn) == 1
+    assert service.process(conn, batched).outcome == "published"
 
 
 def test_a_batch_keeps_its_lease_under_a_lowered_cap(conn: Connection) -> None:
@@ -514,11 +408,10 @@ def test_a_batch_keeps_its_lease_under_a_lowered_cap(conn: Connection) -> None:
     its active lease though the cap no longer counts it in."""
     big, other = uuid.uuid4(), users_with_work(conn, 1)[0]
     sf.history(conn, big, sessions=60, exercises=120)
-    execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 2")
     batched = service.claim(conn, "w", big)
     assert batched is not None
     assert service.claim(conn, "app", other) is not None
     assert service.compute(conn, batched).status == "batch_pending"
     execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 1")
     assert service.compute(conn, batched).status == "batch_pending"
-    assert processors.worker_status(conn)["active_leases"] == 2
+    assert active_leases(conn) == 2

@@ -18,7 +18,7 @@ from inventory_pipeline.db import (
     fetch_all,
     fetch_one,
 )
-from inventory_pipeline.stats import maintenance, processors, service
+from inventory_pipeline.stats import maintenance, service
 from tests import stats_factories as sf
 
 TODAY = date(2026, 3, 10)
@@ -37,12 +37,12 @@ def user(conn: Connection) -> uuid.UUID:
 
 
 def read(conn: Connection, user: uuid.UUID, day: date) -> dict[str, dict[str, object]]:
-    return {r["exercise_id"]: r for r in processors.read_pr_overview(conn, user, day)}
+    return {r["exercise_id"]: r for r in service.read_pr_overview(conn, user, day)}
 
 
 def fails_closed(conn: Connection, user: uuid.UUID, day: date) -> bool:
     try:
-        processors.read_pr_overview(conn, user, day)
+        service.read_pr_overview(conn, user, day)
     except ObjectNotInPrerequisiteState:
         return True
     return False
@@ -55,7 +55,7 @@ def test_pr_values_and_the_three_day_window(conn: Connection, user: uuid.UUID) -
     sf.save(conn, user, TODAY - timedelta(days=40), sf.sets(("squat", 140, 1)))
     sf.save(conn, user, TODAY - timedelta(days=370), sf.sets(("squat", 90, 3)))
     sf.save(conn, user, TODAY + timedelta(days=1), sf.sets(("bench", 80, 5)))
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     today = read(conn, user, TODAY)
     assert set(today) == {"squat"}  # bench only from tomorrow on
     squat = today["squat"]
@@ -71,26 +71,34 @@ def test_pr_values_and_the_three_day_window(conn: Connection, user: uuid.UUID) -
     assert fails_closed(conn, uuid.uuid4(), TODAY)
 
 
-def test_window_moves_across_midnight_in_the_applied_generation(
+def test_window_moves_across_midnight_in_a_new_generation(
     conn: Connection, user: uuid.UUID
 ) -> None:
     sf.save(conn, user, TODAY, sf.sets(("squat", 100, 5)))
-    processors.drain(conn, "test")
-    applied = sf.versions(conn, user)
+    service.drain(conn, "test")
+    _, applied = sf.versions(conn, user)
     set_clock(conn, TODAY + timedelta(days=1))  # midnight passes
     execute(conn, "UPDATE user_pr_overview_rollover_state SET due_at = now()")  # and it is due
     result = maintenance.rollover(conn)
-    # No full-history generation is requested for a window that only moved.
-    assert sf.versions(conn, user) == applied
-    assert not [j for j in sf.jobs(conn, user) if j["status"] == "pending"]
-    assert result == maintenance.RolloverResult(rolled=1, failed=0)
+    assert result == maintenance.RolloverResult(requested=1, failed=0)
+    # A generation that recomputes no exercise, only the periods from the new date.
+    [job] = [j for j in sf.jobs(conn, user) if j["status"] == "pending"]
+    assert (job["event_type"], job["from_date"], job["exercise_ids"]) == (
+        "pr_overview_rollover",
+        TODAY + timedelta(days=1),
+        None,
+    )
+    assert fails_closed(conn, user, TODAY + timedelta(days=2))  # until it is published
+    service.drain(conn, "test")
+    applied += 1
+    assert sf.versions(conn, user) == (applied, applied)
     assert read(conn, user, TODAY + timedelta(days=2))
     assert fails_closed(conn, user, TODAY - timedelta(days=1))
     headers = fetch_all(
         conn, "SELECT generation, as_of_date FROM user_pr_overview_snapshot_headers ORDER BY 2"
     )
     assert [(h["generation"], h["as_of_date"]) for h in headers] == [
-        (applied[1], TODAY + timedelta(days=d)) for d in (0, 1, 2)
+        (applied, TODAY + timedelta(days=d)) for d in (0, 1, 2)
     ]
     state = fetch_one(conn, "SELECT due_at, window_end FROM user_pr_overview_rollover_state")
     assert state is not None and state["window_end"] == TODAY + timedelta(days=2)
@@ -100,7 +108,7 @@ def test_rollover_failing_two_days_running_fails_closed_then_recovers(
     conn: Connection, db_url: str, user: uuid.UUID
 ) -> None:
     sf.save(conn, user, TODAY, sf.sets(("squat", 100, 5)))
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     with connect(db_url) as holder, holder.transaction():
         execute(
             holder, "SELECT 1 FROM user_stats_refresh_state WHERE user_id = %s FOR UPDATE", (user,)
@@ -108,13 +116,14 @@ def test_rollover_failing_two_days_running_fails_closed_then_recovers(
         for day in (1, 2):
             set_clock(conn, TODAY + timedelta(days=day))
             execute(conn, "UPDATE user_pr_overview_rollover_state SET due_at = now()")
-            assert maintenance.rollover(conn) == maintenance.RolloverResult(rolled=0, failed=1)
+            assert maintenance.rollover(conn) == maintenance.RolloverResult(requested=0, failed=1)
         overview = maintenance.rollover_overview(conn)
     assert overview["max_attempts"] == 2 and overview["failing_users"] == 1
     assert "lock" in overview["last_error"]
     assert fails_closed(conn, user, TODAY + timedelta(days=2))  # the window ran out
     execute(conn, "UPDATE user_pr_overview_rollover_state SET due_at = now()")
-    assert maintenance.rollover(conn).rolled == 1
+    assert maintenance.rollover(conn).requested == 1
+    service.drain(conn, "test")
     assert read(conn, user, TODAY + timedelta(days=2))
     state = fetch_one(
         conn,
@@ -125,16 +134,16 @@ def test_rollover_failing_two_days_running_fails_closed_then_recovers(
 
 def test_manual_pr_refreshes_the_snapshot(conn: Connection, user: uuid.UUID) -> None:
     sf.save(conn, user, TODAY, sf.sets(("squat", 100, 5)))
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     row = fetch_one(conn, "SELECT save_manual_pr(%s, 'squat', 150, 1, %s) AS r", (user, TODAY))
     assert row is not None
     assert [j["event_type"] for j in sf.jobs(conn, user) if j["status"] == "pending"] == [
         "manual_pr_changed"
     ]
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     assert read(conn, user, TODAY)["squat"]["best_e1rm_all_time"] == Decimal("150.00")
     execute(conn, "SELECT delete_manual_pr(%s, %s)", (user, row["r"]["record_id"]))
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     assert read(conn, user, TODAY)["squat"]["best_e1rm_all_time"] == Decimal("116.67")
 
 
@@ -152,19 +161,19 @@ def test_catalog_changes_racing_user_pages(conn: Connection, user: uuid.UUID) ->
     users = [uuid.uuid4() for _ in range(25)]
     for u in users:
         sf.save(conn, u, TODAY, sf.sets(("squat", 100, 5)))
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     maintenance.process_catalog(conn)  # the fixture's own exercise inserts
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     sf.exercise(conn, "deadlift")  # a global change
     assert maintenance.process_catalog(conn, page=10) == 10
     sf.exercise(conn, "row")  # another global change while the pass runs
     assert maintenance.process_catalog(conn, page=10) == 10  # the pass goes on, not restarted
     assert maintenance.process_catalog(conn, page=10) == 5
     assert pending_users(conn, "catalog_changed") == set(users)
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     # The follow-up pass for the latest token still happens.
     assert maintenance.process_catalog(conn, page=100) == 25
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     assert maintenance.process_catalog(conn, page=100) == 0
     # A personal exercise requests only its owner.
     sf.exercise(conn, "my_curl", owner=users[3])
@@ -176,9 +185,9 @@ def test_late_commit_and_log_retention_lose_no_request(
     conn: Connection, db_url: str, user: uuid.UUID
 ) -> None:
     sf.save(conn, user, TODAY, sf.sets(("squat", 100, 5)))
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     maintenance.process_catalog(conn)
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     done = threading.Event()
     with connect(db_url) as early, early.transaction():
         execute(early, "INSERT INTO exercises (id, name) VALUES ('early', 'Early')")  # lower seq
@@ -208,7 +217,7 @@ def test_backfill_scanner(conn: Connection, user: uuid.UUID) -> None:
         " completed_at = now() WHERE user_id = %s",
         (user,),
     )
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     assert maintenance.scan(conn).stale == ((user, "sessions without rollups"),)
     [job] = [j for j in sf.jobs(conn, user) if j["status"] == "pending"]
     assert (job["event_type"], job["from_date"], job["exercise_ids"]) == (
@@ -217,7 +226,7 @@ def test_backfill_scanner(conn: Connection, user: uuid.UUID) -> None:
         [],
     )
     assert maintenance.scan(conn).stale == ()  # open work is left to the worker
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     execute(conn, "DELETE FROM user_pr_overview_snapshot_headers WHERE user_id = %s", (other,))
     execute(conn, "DELETE FROM user_training_period_stats WHERE user_id = %s", (user,))
     assert sorted(maintenance.scan(conn).stale) == sorted(
@@ -225,66 +234,17 @@ def test_backfill_scanner(conn: Connection, user: uuid.UUID) -> None:
     )
 
 
-def backdate_jobs(conn: Connection, job_ids: list[int], age: str) -> None:
-    execute(
+def projections(conn: Connection, user: uuid.UUID) -> list[tuple[object, ...]]:
+    """The user's exercise and period projections, without their generation."""
+    rows = fetch_all(
         conn,
-        "UPDATE user_exercise_stats_refresh_jobs SET completed_at = now() - %s::interval,"
-        " created_at = now() - interval '30 days' WHERE id = ANY(%s)",
-        (age, job_ids),
+        "SELECT 'exercise' AS kind, exercise_id AS key, NULL::date AS start, sessions,"
+        " working_sets, reps, volume FROM user_exercise_stats WHERE user_id = %(u)s"
+        " UNION ALL SELECT period, period, period_start, sessions, working_sets, reps, volume"
+        " FROM user_training_period_stats WHERE user_id = %(u)s ORDER BY 1, 2, 3",
+        {"u": user},
     )
-
-
-def job_ids(conn: Connection, user: uuid.UUID) -> list[int]:
-    return [j["id"] for j in sf.jobs(conn, user)]
-
-
-def test_retention_keeps_failed_jobs_and_the_latest_per_user(
-    conn: Connection, user: uuid.UUID
-) -> None:
-    """Completed jobs age out in bounded batches; a failed job, a job with a failed
-    attempt, each user's latest job and open work stay for inspection."""
-    for day in range(4):  # four completed jobs
-        sf.save(conn, user, TODAY - timedelta(days=day), sf.sets(("squat", 100, 5)))
-        processors.drain(conn, "test")
-    done = job_ids(conn, user)
-    backdate_jobs(conn, done[:2] + done[3:], "8 days")
-    backdate_jobs(conn, done[2:3], "6 days 23 hours")  # too young
-    failing = uuid.uuid4()  # a failed job, then a completed one
-    sf.save(conn, failing, TODAY, sf.sets(("squat", 100, 5)))
-    execute(
-        conn,
-        "UPDATE user_exercise_stats_refresh_jobs SET status = 'failed',"
-        " error_message = 'attempts exhausted' WHERE user_id = %s",
-        (failing,),
-    )
-    sf.save(conn, failing, TODAY, sf.sets(("squat", 110, 5)))
-    processors.drain(conn, "test")
-    backdate_jobs(conn, job_ids(conn, failing), "8 days")
-    retried = uuid.uuid4()  # a job whose first attempt died with its worker
-    sf.save(conn, retried, TODAY, sf.sets(("squat", 100, 5)))
-    claimed = service.claim(conn, "test")
-    assert claimed is not None
-    sf.expire_run(conn, claimed.run_id, claimed.lease_token)
-    processors.drain(conn, "test")
-    sf.save(conn, retried, TODAY, sf.sets(("squat", 120, 5)))
-    processors.drain(conn, "test")
-    backdate_jobs(conn, job_ids(conn, retried), "8 days")
-    waiting = uuid.uuid4()
-    sf.save(conn, waiting, TODAY, sf.sets(("squat", 100, 5)))  # stays pending
-    before = {u: job_ids(conn, u) for u in (user, failing, retried, waiting)}
-
-    assert [maintenance.prune(conn, batch=1)["jobs"] for _ in range(3)] == [1, 1, 0]
-    after = {u: job_ids(conn, u) for u in (user, failing, retried, waiting)}
-    assert after == {**before, user: done[2:]}
-    statuses = fetch_all(
-        conn,
-        "SELECT j.status, r.phase FROM user_exercise_stats_refresh_jobs j"
-        " JOIN user_stats_projection_runs r ON r.job_id = j.id WHERE j.user_id = %s",
-        (retried,),
-    )
-    assert ("completed", "failed") in {(r["status"], r["phase"]) for r in statuses}
-    sessions = fetch_one(conn, "SELECT count(*) AS n FROM training_sessions")
-    assert sessions is not None and sessions["n"] == 9
+    return [tuple(r.values()) for r in rows]
 
 
 def window(conn: Connection, user: uuid.UUID) -> dict[date, dict[str, tuple[object, ...]]]:
@@ -299,9 +259,10 @@ def window(conn: Connection, user: uuid.UUID) -> dict[date, dict[str, tuple[obje
 
 
 def test_rolled_window_equals_a_full_rebuild(conn: Connection, user: uuid.UUID) -> None:
-    """Rolled forward by a day, by days, and past a year: the moved window holds exactly
-    what a new generation built from every fact holds (best of all time carried forward,
-    30-day windows and the year-earlier windows from their own dates, manual PRs)."""
+    """Rolled forward by a day, by days, and past a year: the rollover's generation (no
+    exercise recomputed, the periods from the new date) publishes exactly what a
+    full-history rebuild publishes (best of all time, 30-day windows and the year-earlier
+    windows from their own dates, manual PRs, every projection)."""
     sf.exercise(conn, "deadlift")
     for back, spec in (
         (400, ("squat", 90, 3)),
@@ -319,30 +280,33 @@ def test_rolled_window_equals_a_full_rebuild(conn: Connection, user: uuid.UUID) 
     ):
         sf.save(conn, user, TODAY - timedelta(days=back), sf.sets(spec))
     execute(conn, "SELECT save_manual_pr(%s, 'deadlift', 170, 1, %s)", (user, TODAY + timedelta(3)))
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     generation = sf.versions(conn, user)[1]
     for jump in (1, 3, 30, 400):
         set_clock(conn, fetch_one(conn, "SELECT stats_clock_date() AS d")["d"] + timedelta(jump))  # type: ignore[index]
         execute(conn, "UPDATE user_pr_overview_rollover_state SET due_at = now()")
-        assert maintenance.rollover(conn).rolled == 1
-        assert sf.versions(conn, user)[1] == generation  # moved in place
-        rolled = window(conn, user)
-        processors.request_rebuild(conn, [user])
-        processors.drain(conn, "test")
+        assert maintenance.rollover(conn).requested == 1
+        service.drain(conn, "test")
+        assert sf.versions(conn, user)[1] == generation + 1  # a new generation
+        rolled = (window(conn, user), projections(conn, user))
+        service.request_rebuild(conn, [user])
+        service.drain(conn, "test")
         generation = sf.versions(conn, user)[1]
-        assert window(conn, user) == rolled, f"after a jump of {jump} days"
+        assert (window(conn, user), projections(conn, user)) == rolled, f"after {jump} days"
 
 
 def test_rollover_waits_for_a_pending_generation(conn: Connection, user: uuid.UUID) -> None:
     sf.save(conn, user, TODAY, sf.sets(("squat", 100, 5)))
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     sf.save(conn, user, TODAY + timedelta(days=1), sf.sets(("squat", 200, 1)))  # pending
     set_clock(conn, TODAY + timedelta(days=1))
     execute(conn, "UPDATE user_pr_overview_rollover_state SET due_at = now()")
-    assert maintenance.rollover(conn) == maintenance.RolloverResult(rolled=0, failed=0, deferred=1)
+    assert maintenance.rollover(conn) == maintenance.RolloverResult(
+        requested=0, failed=0, deferred=1
+    )
     # Nothing was built for the older generation from facts it does not hold.
     assert fails_closed(conn, user, TODAY + timedelta(days=2))
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     assert read(conn, user, TODAY + timedelta(days=2))["squat"]["heaviest_kg"] == Decimal("200.00")
     state = fetch_one(
         conn, "SELECT window_end, snapshot_generation FROM user_pr_overview_rollover_state"

@@ -18,7 +18,7 @@ from inventory_pipeline.db import (
     fetch_all,
     fetch_one,
 )
-from inventory_pipeline.stats import maintenance, processors, rebuild
+from inventory_pipeline.stats import maintenance, rebuild, service
 from tests import stats_factories as sf
 
 TODAY = date(2026, 3, 10)
@@ -67,7 +67,7 @@ def test_rebuild_of_100k_users_with_default_lock_table_never_makes_a_save_wait(
             assert backend is not None
             pid.append(int(backend["pid"]))
             try:
-                processors.request_rebuild(c, None)
+                service.request_rebuild(c, None)
             except BaseException as exc:
                 errors.append(exc)
 
@@ -121,7 +121,7 @@ def test_killed_rebuild_resumes_where_it_stopped(conn: Connection, db_url: str) 
     def run_rebuild() -> None:
         with connect(db_url) as c:
             try:
-                processors.request_rebuild(c, None)
+                service.request_rebuild(c, None)
             except BaseException as exc:
                 errors.append(exc)
 
@@ -163,7 +163,7 @@ def test_rebuild_of_chosen_users_walks_the_list(conn: Connection) -> None:
     sf.exercise(conn, "squat")
     a, b = uuid.uuid4(), uuid.uuid4()
     sf.save(conn, a, TODAY, sf.sets(("squat", 100, 5)))
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     progress = rebuild.request_rebuild(conn, [b, a, b])  # b has no data yet: still asked
     assert (progress.requested, progress.finished) == (2, True)
     assert sf.versions(conn, a) == (2, 1) and sf.versions(conn, b) == (1, 0)
@@ -207,9 +207,9 @@ def test_catalog_pass_takes_one_user_per_transaction(conn: Connection, db_url: s
     users = sorted(uuid.uuid4() for _ in range(4))
     for user in users:
         sf.save(conn, user, TODAY, sf.sets(("squat", 100, 5)))
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     maintenance.process_catalog(conn)  # the fixture's own exercise insert
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     sf.exercise(conn, "deadlift")  # a global change
     with connect(db_url) as holder:
         hold_enqueue_lock(holder, users[2])

@@ -1,5 +1,6 @@
-"""A rollover run over a population: it keeps rolling while users are due, one user per
-transaction, bounded by its time budget, and a failing user never stops the rest."""
+"""A rollover run over a population: it keeps requesting new generations while users are
+due, one user per transaction, bounded by its time budget and pace, a failing user never
+stops the rest, and the worker's publications move every window."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Iterator
 from datetime import date, timedelta
 
 from inventory_pipeline.db import Connection, connect, execute, fetch_all, fetch_one
-from inventory_pipeline.stats import maintenance, processors
+from inventory_pipeline.stats import maintenance, service
 
 # More than the former fixed page of 500 users a run.
 POPULATION = 520
@@ -59,12 +60,22 @@ def user_ids(conn: Connection) -> list[uuid.UUID]:
     return [r["user_id"] for r in rows]
 
 
-def rolled_users(conn: Connection, day: date) -> int:
-    """Users whose window now ends the day after `day` and is next due after now."""
+def requested_users(conn: Connection) -> int:
+    """Users with a rollover generation pending."""
     row = fetch_one(
         conn,
-        "SELECT count(*) AS n FROM user_pr_overview_rollover_state"
-        " WHERE window_end = %s AND due_at > now()",
+        "SELECT count(DISTINCT user_id) AS n FROM user_exercise_stats_refresh_jobs"
+        " WHERE status = 'pending' AND event_type = 'pr_overview_rollover'",
+    )
+    assert row is not None
+    return int(row["n"])
+
+
+def rolled_users(conn: Connection, day: date) -> int:
+    """Users whose published window now ends the day after `day`."""
+    row = fetch_one(
+        conn,
+        "SELECT count(*) AS n FROM user_pr_overview_rollover_state WHERE window_end = %s",
         (day + timedelta(days=1),),
     )
     assert row is not None
@@ -78,17 +89,13 @@ def ticks(step: float) -> Iterator[float]:
         now += step
 
 
-def test_a_run_rolls_every_due_user_one_per_transaction(conn: Connection) -> None:
+def test_a_run_requests_every_due_user_one_per_transaction(conn: Connection) -> None:
     day = population(conn, POPULATION)
     users = user_ids(conn)
     result = maintenance.rollover(conn, pace=None)
-    # The last users in due order, who do not train, read their new date (a window left
-    # unmoved fails closed with 55000 there).
-    for user in users[-3:]:
-        assert processors.read_pr_overview(conn, user, day + timedelta(days=1))
-    assert result == maintenance.RolloverResult(rolled=POPULATION, failed=0, more=False)
-    assert rolled_users(conn, day) == POPULATION
-    # Each user's state row was written by a transaction of its own.
+    assert result == maintenance.RolloverResult(requested=POPULATION, failed=0, more=False)
+    assert requested_users(conn) == POPULATION
+    # Each user's rollover row was written by a transaction of its own.
     row = fetch_one(
         conn,
         "SELECT count(DISTINCT xmin::text) AS transactions, count(*) AS users"
@@ -96,21 +103,28 @@ def test_a_run_rolls_every_due_user_one_per_transaction(conn: Connection) -> Non
     )
     assert row is not None and row["transactions"] == row["users"] == len(users)
     assert maintenance.due(conn).rollover_users == 0
+    # The worker publishes them: the last users in due order, who do not train, read
+    # their new date (a window not moved fails closed with 55000 there).
+    assert len(service.drain(conn, "test").published) == POPULATION
+    for user in users[-3:]:
+        assert service.read_pr_overview(conn, user, day + timedelta(days=1))
+    assert rolled_users(conn, day) == POPULATION
+    assert maintenance.due(conn).rollover_users == 0
 
 
 def test_a_run_stops_at_its_budget_and_the_next_run_goes_on(conn: Connection) -> None:
-    day = population(conn, 30)
+    population(conn, 30)
     clock = ticks(1.0)  # one second per user, as seen by the run's budget
     first = maintenance.rollover(conn, budget_seconds=10, pace=None, clock=lambda: next(clock))
-    assert first.more and 0 < first.rolled < 30
-    assert maintenance.due(conn).rollover_users == 30 - first.rolled
+    assert first.more and 0 < first.requested < 30
+    assert maintenance.due(conn).rollover_users == 30 - first.requested
     second = maintenance.rollover(conn, pace=None)
-    assert (second.rolled, second.more) == (30 - first.rolled, False)
-    assert rolled_users(conn, day) == 30
+    assert (second.requested, second.more) == (30 - first.requested, False)
+    assert requested_users(conn) == 30
 
 
 def test_a_failing_user_does_not_stop_the_rest(conn: Connection, db_url: str) -> None:
-    day = population(conn, 40)
+    population(conn, 40)
     users = user_ids(conn)
     busy = users[len(users) // 2]
     with connect(db_url) as holder, holder.transaction():
@@ -119,8 +133,8 @@ def test_a_failing_user_does_not_stop_the_rest(conn: Connection, db_url: str) ->
             holder, "SELECT 1 FROM user_stats_refresh_state WHERE user_id = %s FOR UPDATE", (busy,)
         )
         result = maintenance.rollover(conn, pace=None)
-    assert (result.rolled, result.failed, result.more) == (39, 1, False)
-    assert rolled_users(conn, day) == 39
+    assert (result.requested, result.failed, result.more) == (39, 1, False)
+    assert requested_users(conn) == 39
     state = fetch_one(
         conn,
         "SELECT attempt_count, last_error FROM user_pr_overview_rollover_state WHERE user_id = %s",
@@ -129,26 +143,24 @@ def test_a_failing_user_does_not_stop_the_rest(conn: Connection, db_url: str) ->
     assert state is not None and state["attempt_count"] == 1 and "lock" in state["last_error"]
 
 
-def test_an_error_while_moving_a_window_is_a_failed_attempt_of_that_user(
+def test_a_save_holding_its_enqueue_turn_is_a_failed_attempt_of_that_user(
     conn: Connection, db_url: str
 ) -> None:
-    """The move itself fails (its insert waits on a conflicting uncommitted header past
-    the lock timeout): that user's move rolls back, the failure is recorded with its
-    error and a retry time, and the rest of the run goes on."""
-    day = population(conn, 10)
+    """A save of one user holds its enqueue turn (its transaction still open) past the
+    rollover's lock timeout: that user's request rolls back, the failure is recorded
+    with its error and a retry time, and the rest of the run goes on."""
+    population(conn, 10)
     users = user_ids(conn)
     stuck = users[3]
     with connect(db_url) as holder, holder.transaction():
         execute(
             holder,
-            "INSERT INTO user_pr_overview_snapshot_headers"
-            " (user_id, generation, as_of_date, catalog_epoch, exercise_count)"
-            " VALUES (%s, 1, %s, 0, 0)",
-            (stuck, day),
+            "SELECT pg_advisory_xact_lock(hashtextextended('stats_enqueue:' || %s::text, 0))",
+            (stuck,),
         )
         result = maintenance.rollover(conn, pace=None)
-    assert (result.rolled, result.failed, result.more) == (9, 1, False)
-    assert rolled_users(conn, day) == 9
+    assert (result.requested, result.failed, result.more) == (9, 1, False)
+    assert requested_users(conn) == 9
     state = fetch_one(
         conn,
         "SELECT attempt_count, last_error, due_at > now() AS later"
@@ -157,13 +169,10 @@ def test_an_error_while_moving_a_window_is_a_failed_attempt_of_that_user(
     )
     assert state is not None and state["attempt_count"] == 1 and state["later"]
     assert "lock timeout" in state["last_error"]
-    headers = fetch_one(
-        conn,
-        "SELECT count(*) AS n FROM user_pr_overview_snapshot_headers"
-        " WHERE user_id = %s AND as_of_date <> %s",
-        (stuck, day),
+    versions = fetch_one(
+        conn, "SELECT requested_version FROM user_stats_refresh_state WHERE user_id = %s", (stuck,)
     )
-    assert headers is not None and headers["n"] == 0  # the partial move rolled back
+    assert versions == {"requested_version": 1}  # the request rolled back whole
 
 
 class FakeTime:
@@ -187,8 +196,9 @@ def test_a_run_keeps_to_its_pace(conn: Connection) -> None:
     day = population(conn, 12)
     fake = FakeTime(work=0.001)
     result = maintenance.rollover(conn, pace=4, clock=fake.clock, sleep=fake.sleep)
-    assert (result.rolled, result.more) == (12, False)
-    assert rolled_users(conn, day) == 12
+    assert (result.requested, result.more) == (12, False)
+    assert requested_users(conn) == 12
+    service.drain(conn, "test")
     # Four users a second: twelve users take three seconds, the waits fill the rest (a
     # wait before each next look, the last of which finds nobody due).
     assert 2.9 < fake.now < 3.3 and len(fake.slept) == 12
@@ -199,4 +209,4 @@ def test_a_run_keeps_to_its_pace(conn: Connection) -> None:
     result = maintenance.rollover(
         conn, budget_seconds=1.0, pace=4, clock=fake.clock, sleep=fake.sleep
     )
-    assert result.more and result.rolled <= 5
+    assert result.more and result.requested <= 5

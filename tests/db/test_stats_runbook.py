@@ -11,7 +11,7 @@ import pytest
 
 from inventory_pipeline import cli
 from inventory_pipeline.db import Connection, fetch_one
-from inventory_pipeline.stats import processors, runbook, service
+from inventory_pipeline.stats import runbook, service
 from tests import stats_factories as sf
 
 D = date(2026, 3, 10)
@@ -59,12 +59,12 @@ def test_pause_stops_claims_and_loses_nothing(conn: Connection, user: uuid.UUID)
     sf.save(conn, user, D, sf.sets(("squat", 100, 5)))
     assert runbook.pause(conn).paused
     assert service.claim(conn, "w") is None
-    assert processors.drain(conn, "w").rounds == 0
-    waiting = processors.work_waiting(conn)
+    assert service.drain(conn, "w").rounds == 0
+    waiting = service.work_waiting(conn)
     assert (waiting.paused, waiting.waiting, waiting.claimable) == (True, 1, 0)
     assert [j["status"] for j in sf.jobs(conn, user)] == ["pending"]
     assert not runbook.resume(conn).paused
-    assert len(processors.drain(conn, "w").published) == 1
+    assert len(service.drain(conn, "w").published) == 1
 
 
 def test_pause_lets_work_in_flight_finish(conn: Connection, user: uuid.UUID) -> None:
@@ -73,17 +73,17 @@ def test_pause_lets_work_in_flight_finish(conn: Connection, user: uuid.UUID) -> 
     assert claimed is not None
     assert service.compute(conn, claimed).status == "batch_pending"
     runbook.pause(conn)
-    assert processors.process_claim(conn, claimed).outcome == "published"
+    assert service.process(conn, claimed).outcome == "published"
     requested, applied = sf.versions(conn, user)
     assert requested == applied
 
 
 def test_retry_an_exhausted_job(conn: Connection, user: uuid.UUID) -> None:
     job_id = failed_job(conn, user)
-    assert processors.worker_status(conn)["attempt_exhausted_failures"] == 1
+    assert service.worker_status(conn)["attempt_exhausted_failures"] == 1
     retried = runbook.retry(conn, job_id)
-    assert processors.worker_status(conn)["attempt_exhausted_failures"] == 0
-    processors.drain(conn, "w")
+    assert service.worker_status(conn)["attempt_exhausted_failures"] == 0
+    service.drain(conn, "w")
     jobs = {j["id"]: j for j in sf.jobs(conn, user)}
     assert jobs[retried.successor_id]["status"] == "completed"
     assert jobs[job_id]["metadata"]["retried_by"] == retried.successor_id

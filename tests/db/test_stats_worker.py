@@ -9,7 +9,7 @@ from datetime import date
 import pytest
 
 from inventory_pipeline.db import Connection, DatabaseError, connect, execute, fetch_all, fetch_one
-from inventory_pipeline.stats import processors, service
+from inventory_pipeline.stats import service
 from inventory_pipeline.stats.models import StatsClaim
 from tests import stats_factories as sf
 
@@ -41,7 +41,7 @@ def test_projections_are_published_with_applied_version(conn: Connection, user: 
         sf.sets(("squat", 60, 5, True), ("squat", 100, 5), ("squat", 110, 3), ("bench", 80, 13)),
     )
     sf.save(conn, user, date(2026, 3, 16), sf.sets(("squat", 120, 1)))
-    summary = processors.drain(conn, "test")
+    summary = service.drain(conn, "test")
     assert len(summary.published) == 1
     stats = sf.exercise_stats(conn, user)
     squat = stats["squat"]
@@ -70,9 +70,9 @@ def test_projections_are_published_with_applied_version(conn: Connection, user: 
 
 def test_deleting_the_last_session_removes_projections(conn: Connection, user: uuid.UUID) -> None:
     sid = sf.save(conn, user, D, sf.sets(("squat", 100, 5)))["session_id"]
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     sf.delete(conn, user, sid)
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     assert sf.exercise_stats(conn, user) == {}
     assert fetch_all(conn, "SELECT 1 FROM user_training_period_stats") == []
 
@@ -88,7 +88,7 @@ def test_save_during_compute_publishes_its_own_generation(
     assert published.status == "published" and published.generation == 1
     assert sf.versions(conn, user) == (2, 1)
     assert [j["status"] for j in sf.jobs(conn, user)] == ["completed", "pending"]
-    processors.drain(conn, "test")
+    service.drain(conn, "test")
     assert sf.versions(conn, user) == (2, 2) and set(sf.exercise_stats(conn, user)) == {
         "squat",
         "bench",
@@ -129,7 +129,7 @@ def test_lease_fence_rejects_late_writes(conn: Connection, db_url: str, user: uu
     expire(conn, old)
     new = claim(conn)
     assert new.lease_token != old.lease_token and new.run_id != old.run_id
-    assert service.compute(conn, old).status == "failed"  # the old run was retired
+    assert service.compute(conn, old).status == "lost"  # the old run was retired
     assert service.compute(conn, new).status == "computed"
     # A late write from the old token to the new live run is fenced off.
     with connect(db_url) as late, pytest.raises(DatabaseError, match="leased to another worker"):
@@ -169,7 +169,7 @@ def test_concurrent_workers_never_share_a_job(db_url: str) -> None:
 
     def worker(name: str) -> None:
         with connect(db_url) as c:
-            summary = processors.drain(c, name)
+            summary = service.drain(c, name)
             with lock:
                 published.extend(u for u, _, _ in summary.published)
 
@@ -225,7 +225,7 @@ def test_batch_resumes_after_a_killed_worker(conn: Connection, user: uuid.UUID) 
     assert (resumed.run_id, resumed.lease_token) == (dead.run_id, dead.lease_token)
     result = service.compute(conn, resumed)
     assert (result.stage, result.next_offset) == ("batches", 200)  # same cursor
-    processed = processors.process_claim(conn, resumed)
+    processed = service.process(conn, resumed)
     assert processed.status == "computed" and processed.outcome == "published"
     run = fetch_one(
         conn, "SELECT attempts FROM user_stats_projection_runs WHERE id = %s", (dead.run_id,)
@@ -253,17 +253,28 @@ def test_statement_timeout_in_a_batch_rolls_back_and_backs_off(
     assert service.compute(conn, claimed).status == "retry_pending"  # no immediate retry
     execute(conn, "UPDATE user_stats_projection_runs SET retry_not_before = now()")
     execute(conn, "UPDATE stats_projection_worker_settings SET compute_budget_ms = 60000")
-    assert processors.process_claim(conn, claimed).outcome == "published"
+    resumed = claim(conn)  # the claim takes it back: same run, token and cursor
+    assert (resumed.run_id, resumed.lease_token) == (claimed.run_id, claimed.lease_token)
+    assert service.process(conn, resumed).outcome == "published"
 
 
 def test_changed_inputs_invalidate_a_batch_attempt(conn: Connection, user: uuid.UUID) -> None:
+    """The published base moving under a batch run (an operator's repair) invalidates
+    the attempt; a save does not (its writes stay a pending successor)."""
     big_account(conn, user)
     claimed = claim(conn)
     service.compute(conn, claimed)
     service.compute(conn, claimed)
-    sf.save(conn, user, D, sf.sets(("ex_1_000", 10, 10)))  # the source moves
+    execute(
+        conn,
+        "UPDATE user_stats_refresh_state SET applied_version = applied_version + 1,"
+        " requested_version = requested_version + 1",
+    )
     result = service.compute(conn, claimed)
-    assert (result.status, result.reason) == ("retry_pending", "inputs changed")
+    assert (result.status, result.reason) == (
+        "retry_pending",
+        "inputs changed: the published base moved",
+    )
     left = fetch_one(conn, "SELECT count(*) AS n FROM stats_output_exercise")
     assert left is not None and left["n"] == 0
 
@@ -278,8 +289,11 @@ def test_failed_attempts_exhaust(conn: Connection, db_url: str, user: uuid.UUID)
         " retry_backoff_seconds = 0",
     )
     with connect(db_url) as blocker, blocker.transaction():
-        execute(blocker, "LOCK TABLE stats_output_exercise IN EXCLUSIVE MODE")
-        results = [service.compute(conn, claimed).status for _ in range(3)]
+        execute(blocker, "LOCK TABLE training_sets IN ACCESS EXCLUSIVE MODE")
+        results = [service.compute(conn, claimed).status]
+        for _ in range(2):
+            # Each retry: the claim takes the run back once its retry time has come.
+            results.append(service.compute(conn, claim(conn)).status)
     assert results == ["retry_pending", "retry_pending", "failed"]
     assert sf.jobs(conn, user)[0]["status"] == "failed"
 
@@ -290,7 +304,7 @@ def test_incident_account_with_default_lock_table(conn: Connection, user: uuid.U
     row = fetch_one(conn, "SHOW max_locks_per_transaction")
     assert row is not None and row["max_locks_per_transaction"] == "64"
     sf.history(conn, user, sessions=658, exercises=296, seed=7)
-    summary = processors.drain(conn, "test")
+    summary = service.drain(conn, "test")
     assert len(summary.published) == 1 and summary.published[0][2] == 4  # three batches + final
     assert len(sf.exercise_stats(conn, user)) == 296
     requested, applied = sf.versions(conn, user)

@@ -12,7 +12,7 @@ import inventory_pipeline
 from inventory_pipeline.db.queries import load_queries
 
 PACKAGE = Path(inventory_pipeline.__file__).parent
-WORKER_MODULES = ("claim", "compute", "publish", "drain", "runbook", "service", "processors")
+WORKER_MODULES = ("runbook", "service")
 
 
 def python_sources() -> dict[Path, str]:
