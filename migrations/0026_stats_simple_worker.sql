@@ -2,14 +2,15 @@
 -- it. What this changes (the whole current definition of each object is in
 -- inventory_pipeline/stats/schema.sql):
 --
--- * Lease slots are rows: `stats_lease_slots` holds one row per slot of the cap and the
---   run that holds it. A slot is free when its run holds no active lease (the run's own
---   lease end stays the one truth). A claim takes a free row with FOR UPDATE SKIP LOCKED
---   and writes its run into it; a stage renewing its lease locks its row first, so a
---   claim never fills a slot whose lease is being renewed, and a renewal finds out when
---   a claim took its slot after its lease lapsed. The lock and the occupancy are one
---   row, so at most `active_lease_cap` leases are active, with no advisory slot locks.
---   The former slot functions and `user_stats_projection_runs.lease_slot` go.
+-- * Lease slots are rows: `stats_lease_slots` holds one row per slot of the cap, the run
+--   that holds it and the lease's end (a trigger keeps it the run's while the lease is
+--   active, and ends it when the run stops holding one). A claim takes a row whose lease
+--   ended with FOR UPDATE SKIP LOCKED and writes its run and lease end into it; a stage
+--   renewing its lease locks its row first, so a claim never fills a slot whose lease is
+--   being renewed, and a renewal finds out when a claim took its slot after its lease
+--   lapsed. The lock and the occupancy are one row, so at most `active_lease_cap` leases
+--   are active, with no advisory slot locks. The former slot functions and
+--   `user_stats_projection_runs.lease_slot` go.
 -- * A claim never waits for a user: it takes the user's lock (`stats_user_lock`) with a
 --   try, and passes by a user another claim or a scoped processor holds. It starts the
 --   user's oldest pending job only, so jobs of a user publish in the order they were
@@ -64,13 +65,14 @@ ALTER TABLE stats_mutation_receipts
 
 CREATE TABLE stats_lease_slots (
     slot integer PRIMARY KEY CHECK (slot > 0),
-    run_id bigint
+    run_id bigint,
+    lease_until timestamptz NOT NULL DEFAULT '-infinity'
 );
 INSERT INTO stats_lease_slots (slot)
 SELECT s FROM stats_projection_worker_settings st, generate_series(1, st.active_lease_cap) AS s;
 -- Leases active now keep their slots.
 UPDATE stats_lease_slots s
-SET run_id = r.id
+SET run_id = r.id, lease_until = r.lease_until
 FROM user_stats_projection_runs r
 WHERE r.lease_slot = s.slot
   AND stats_run_is_active(r.phase, r.lease_until, r.retry_not_before);
@@ -83,15 +85,25 @@ DROP FUNCTION stats_lease_slot_held_by_another(integer, bigint);
 DROP FUNCTION stats_roll_one(timestamptz, uuid, text);
 ALTER TABLE user_stats_projection_runs DROP COLUMN lease_slot;
 
--- A slot is held while its run holds an active lease: claimed or computed, not lapsed,
--- not waiting out a retry time. A run that finishes or backs off frees it at once.
-CREATE FUNCTION stats_slot_is_held(p_run_id bigint) RETURNS boolean
-LANGUAGE sql STABLE
+-- A slot holds its run's lease end while the lease is active (claimed or computed, not
+-- waiting out a retry time): a run that finishes or backs off frees its slot at once, a
+-- lapsed lease frees it by its end passing. Only the slot's live row follows the run
+-- (a slot the run's lapsed lease held before a claim resumed it elsewhere stays free).
+CREATE FUNCTION stats_mirror_lease() RETURNS trigger
+LANGUAGE plpgsql
 AS $$
-    SELECT EXISTS (SELECT 1 FROM user_stats_projection_runs r
-                   WHERE r.id = p_run_id
-                     AND stats_run_is_active(r.phase, r.lease_until, r.retry_not_before))
+BEGIN
+    UPDATE stats_lease_slots
+    SET lease_until = CASE WHEN stats_run_is_active(NEW.phase, NEW.lease_until,
+                                                    NEW.retry_not_before)
+                           THEN NEW.lease_until ELSE '-infinity' END
+    WHERE run_id = NEW.id AND lease_until > now();
+    RETURN NULL;
+END
 $$;
+CREATE TRIGGER user_stats_projection_runs_mirror_lease
+AFTER UPDATE OF phase, lease_until, retry_not_before ON user_stats_projection_runs
+FOR EACH ROW EXECUTE FUNCTION stats_mirror_lease();
 
 -- The cap's rows follow the settings: raising the cap adds rows, lowering it removes the
 -- free rows above it (a row still held above it is never taken again and goes with a
@@ -105,7 +117,7 @@ BEGIN
     ON CONFLICT (slot) DO NOTHING;
     DELETE FROM stats_lease_slots l
     WHERE l.slot IN (SELECT f.slot FROM stats_lease_slots f
-                     WHERE f.slot > NEW.active_lease_cap AND NOT stats_slot_is_held(f.run_id)
+                     WHERE f.slot > NEW.active_lease_cap AND f.lease_until <= now()
                      FOR UPDATE SKIP LOCKED);
     RETURN NULL;
 END
@@ -124,14 +136,17 @@ LANGUAGE sql IMMUTABLE
 AS $$ SELECT hashtextextended('stats_user:' || p_user_id::text, 0) $$;
 
 -- Renew a live lease at a stage boundary: the lease's slot row is locked first (to the
--- commit: no claim can take it meanwhile), then the run's lease end moves. False when
--- the slot is no longer this run's (its lease lapsed as the stage began and a claim
--- took the slot, whose lock this waited for): the stage then works no further.
+-- commit: no claim can take it meanwhile), then the run's lease end moves (and the
+-- slot's with it, by trigger). False when the slot is no longer this run's (its lease
+-- lapsed as the stage began and a claim took the slot, whose lock this waited for): the
+-- stage then works no further.
 CREATE FUNCTION stats_renew_lease(p_run_id bigint, p_lease_seconds integer) RETURNS boolean
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    PERFORM 1 FROM stats_lease_slots WHERE run_id = p_run_id FOR UPDATE;
+    PERFORM 1 FROM stats_lease_slots
+    WHERE run_id = p_run_id AND lease_until > now()
+    FOR UPDATE;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -140,18 +155,6 @@ BEGIN
     WHERE id = p_run_id;
     RETURN true;
 END
-$$;
-
--- Write a claimed run into the slot the claim took, and out of any other slot it was
--- left in (a slot its lapsed lease held, now free, unless another claim is taking it).
-CREATE FUNCTION stats_fill_slot(p_slot integer, p_run_id bigint) RETURNS void
-LANGUAGE sql
-AS $$
-    UPDATE stats_lease_slots SET run_id = NULL
-    WHERE slot IN (SELECT l.slot FROM stats_lease_slots l
-                   WHERE l.run_id = p_run_id AND l.slot <> p_slot
-                   FOR UPDATE SKIP LOCKED);
-    UPDATE stats_lease_slots SET run_id = p_run_id WHERE slot = p_slot;
 $$;
 
 -- Did this stage call run out of its statement budget? A statement timeout and a
@@ -281,7 +284,7 @@ BEGIN
     END IF;
     SELECT l.slot INTO v_slot
     FROM stats_lease_slots l
-    WHERE l.slot <= st.active_lease_cap AND NOT stats_slot_is_held(l.run_id)
+    WHERE l.slot <= st.active_lease_cap AND l.lease_until <= now()
     ORDER BY l.slot
     LIMIT 1
     FOR UPDATE SKIP LOCKED;
@@ -305,7 +308,8 @@ BEGIN
     IF FOUND THEN
         -- Its lease may still be live while it waits out a retry: act under its token.
         PERFORM set_config('inventory.stats_lease_token', v_run.lease_token::text, true);
-        PERFORM stats_fill_slot(v_slot, v_run.id);
+        UPDATE stats_lease_slots SET run_id = v_run.id, lease_until = v_until
+        WHERE slot = v_slot;
         RETURN QUERY
         UPDATE user_stats_projection_runs r
         SET attempts = r.attempts + CASE WHEN v_run.lapsed THEN 1 ELSE 0 END,
@@ -425,7 +429,8 @@ BEGIN
     INTO claim_run_id, claim_job_id, claim_user_id, claim_lease_token,
          claim_target_version, claim_base_applied_version, claim_from_date,
          claim_exercise_ids;
-    PERFORM stats_fill_slot(v_slot, claim_run_id);
+    UPDATE stats_lease_slots SET run_id = claim_run_id, lease_until = v_until
+    WHERE slot = v_slot;
     RETURN NEXT;
 END
 $$;
@@ -1375,9 +1380,8 @@ AS $$
 $$;
 
 REVOKE ALL ON FUNCTION
-    stats_slot_is_held(bigint),
+    stats_mirror_lease(),
     stats_fit_lease_slots(),
-    stats_fill_slot(integer, bigint),
     stats_user_lock(uuid),
     stats_renew_lease(bigint, integer),
     stats_budget_spent(text),

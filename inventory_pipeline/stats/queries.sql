@@ -149,8 +149,7 @@ ORDER BY id;
 -- to resume, dead workers' runs), the lease slots free, and the pause switch.
 SELECT st.paused,
        (SELECT count(*) FROM stats_lease_slots l
-        WHERE l.slot <= st.active_lease_cap AND NOT stats_slot_is_held(l.run_id))
-           AS free_slots,
+        WHERE l.slot <= st.active_lease_cap AND l.lease_until <= now()) AS free_slots,
        (SELECT count(*) FROM user_exercise_stats_refresh_jobs j
         WHERE j.status = 'pending'
           AND NOT EXISTS (

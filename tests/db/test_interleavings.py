@@ -202,14 +202,14 @@ def test_stats_completion_after_lease_loss_in_every_order(conn: Connection, orde
     new = service.claim(conn, "live")  # revives the dead worker's job under a new lease
     assert new is not None and new.job_id == old.job_id and new.lease_token != old.lease_token
     if order == "old then new":
-        assert service.compute(conn, old).status == "failed"
+        assert service.compute(conn, old).status == "lost"
         assert service.publish(conn, old).status == "lost"
         service.compute(conn, new)
         assert service.publish(conn, new).status == "published"
     else:
         service.compute(conn, new)
         assert service.publish(conn, new).status == "published"
-        assert service.compute(conn, old).status == "failed"
+        assert service.compute(conn, old).status == "lost"
         assert service.publish(conn, old).status == "lost"
     assert sf.versions(conn, user) == (1, 1)
     assert sf.exercise_stats(conn, user)["squat"]["sessions"] == 1

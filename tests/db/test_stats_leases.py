@@ -62,6 +62,43 @@ def test_concurrent_claims_never_pass_the_cap(conn: Connection, db_url: str) -> 
     assert sorted(run for _, run in slots(conn)) == sorted(c.run_id for c in claimed)
 
 
+def test_concurrent_drains_lose_no_claim_and_keep_the_cap(conn: Connection, db_url: str) -> None:
+    """Cap 4, four drains at once over 200 users: every job is published and no claim is
+    lost to another claim filling its slot. (A slot judged free from its run's state in
+    the claim's snapshot was filled again after another claim had just committed its
+    run there: the re-check after the row lock saw the slot's new row but not the new
+    run, and the first run's compute then found its slot gone.)"""
+    execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 4")
+    users_with_work(conn, 200)
+    summaries: list[object] = []
+    peaks: list[int] = []
+    running = threading.Event()
+    running.set()
+
+    def watch() -> None:
+        with connect(db_url) as watcher:
+            while running.is_set():
+                peaks.append(active_leases(watcher))
+                time.sleep(0.005)
+
+    def drain(name: str) -> None:
+        with connect(db_url) as own:
+            summaries.append(service.drain(own, name))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    drains = [threading.Thread(target=drain, args=(f"w{n}",)) for n in range(4)]
+    for t in drains:
+        t.start()
+    for t in drains:
+        t.join(timeout=120)
+    running.clear()
+    watcher.join(timeout=10)
+    assert sum(len(s.published) for s in summaries) == 200  # type: ignore[attr-defined]
+    assert sum(s.lost + s.interrupted for s in summaries) == 0  # type: ignore[attr-defined]
+    assert max(peaks) <= 4
+
+
 def backing_off(conn: Connection, db_url: str, claimed: StatsClaim) -> None:
     """A failed attempt (statement timeout) that waits an hour before its retry."""
     execute(

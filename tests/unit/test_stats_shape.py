@@ -31,8 +31,8 @@ def test_every_named_stats_query_is_used() -> None:
 
 def test_an_unquoted_name_counts_as_unused() -> None:
     sources = "\n".join(python_sources().values())
-    assert unused(["lock_run", "lock_runs", "no_such_statement"], sources) == [
-        "lock_runs",
+    assert unused(["lock_job", "lock_jobs", "no_such_statement"], sources) == [
+        "lock_jobs",
         "no_such_statement",
     ]
 
