@@ -240,11 +240,13 @@ class DirtyClock(threading.Thread):
 
 class FreshnessWatch(threading.Thread):
     """Samples, once a second, whether the product calls any user's stats current while
-    a range of theirs is owed; keeps every such observation."""
+    a range of theirs is owed, and whether users it calls current read what their facts
+    say (a few drawn each time); keeps every such observation."""
 
     def __init__(self, url: str) -> None:
         super().__init__(daemon=True)
         self.url = url
+        self.rng = random.Random(1)
         self.seen: dict[str, None] = {}  # in the order first seen
         self.done = threading.Event()
 
@@ -255,6 +257,7 @@ class FreshnessWatch(threading.Thread):
                 if conn is None or conn.closed:
                     conn = connect(self.url, application_name="chaos.harness")
                 self.seen.update(dict.fromkeys(invariants.current_while_owed(conn)))
+                self.seen.update(dict.fromkeys(stats_oracle.check_current(conn, self.rng)))
             except DatabaseError:
                 continue  # a restart: sample again in a second
         if conn is not None:

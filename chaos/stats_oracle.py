@@ -20,6 +20,7 @@ Everything is exact decimal arithmetic, so the comparison is exact.
 
 from __future__ import annotations
 
+import random
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import date, timedelta
@@ -27,7 +28,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 from uuid import UUID
 
-from inventory_pipeline.db import Connection, DatabaseError, fetch_all, fetch_one
+from inventory_pipeline.db import Connection, DatabaseError, fetch_all, fetch_one, snapshot
 
 CENT = Decimal("0.01")
 WINDOW_DAYS = 30
@@ -235,4 +236,63 @@ def check(conn: Connection) -> list[str]:
         if found:
             shown = "; ".join(found[:3]) + (f"; +{len(found) - 3} more" if len(found) > 3 else "")
             out.append(f"user {user}: stats oracle: {shown}")
+    return out
+
+
+def check_current(conn: Connection, rng: random.Random, sample: int = 3) -> list[str]:
+    """Users the product calls current (not stale: their applied generation is the one
+    requested and no range is owed) read what their facts say: a few of them, drawn at
+    random, in one snapshot, their projections and today's PR overview against the
+    oracle. A save left out of a published generation while the user reads as current
+    (a later save merged into an older job) shows here."""
+    out: list[str] = []
+    with snapshot(conn):
+        today = fetch_one(conn, "SELECT stats_clock_date() AS today")
+        assert today is not None
+        current = [
+            r["user_id"]
+            for r in fetch_all(
+                conn,
+                "SELECT user_id FROM user_stats_refresh_state"
+                " WHERE applied_version > 0 AND NOT stats_user_is_stale(user_id)"
+                " ORDER BY user_id",
+            )
+        ]
+        for user in rng.sample(current, min(sample, len(current))):
+            mine = {"u": user}
+            want = expected(
+                fetch_all(conn, RAW_SETS + " WHERE s.user_id = %(u)s", mine),
+                fetch_all(conn, RAW_SESSIONS + " WHERE user_id = %(u)s", mine),
+                fetch_all(conn, RAW_MANUAL + " WHERE user_id = %(u)s", mine),
+                today["today"],
+            )
+            found = _differences(
+                "exercise",
+                {k[1]: v for k, v in want.exercises.items()},
+                {
+                    r["exercise_id"]: r
+                    for r in fetch_all(
+                        conn, "SELECT * FROM user_exercise_stats WHERE user_id = %(u)s", mine
+                    )
+                },
+            )
+            found += _differences(
+                "period",
+                {k[1:]: v for k, v in want.periods.items()},
+                {
+                    (r["period"], r["period_start"]): r
+                    for r in fetch_all(
+                        conn,
+                        "SELECT * FROM user_training_period_stats WHERE user_id = %(u)s",
+                        mine,
+                    )
+                },
+            )
+            if found:
+                shown = "; ".join(found[:3]) + (
+                    f"; +{len(found) - 3} more" if len(found) > 3 else ""
+                )
+                out.append(
+                    f"user {user}: read as current, its published stats not its facts: {shown}"
+                )
     return out

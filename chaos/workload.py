@@ -149,6 +149,9 @@ class Workload:
     squeezes: int = 0
     squeeze_left: int = 0
     edits_during_compute: int = 0
+    held_claims: int = 0
+    bad_saves_refused: int = 0
+    app: Connection | None = None
     rebuild: threading.Thread | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Merges at the stand-in: the records folded so far, and what the operator decided.
@@ -631,6 +634,68 @@ class Workload:
         }
         execute(self.conn, "SELECT save_training_session(%s, %s)", (user, jsonb(payload)))
 
+    # -- the application beside the worker ----------------------------------------------
+
+    def _app(self) -> Connection | None:
+        """The application's own connection (a scoped processor's), made on first use."""
+        if self.reconnect is None:
+            return None
+        if self.app is None or self.app.closed:
+            self.app = self.reconnect()
+        return self.app
+
+    def held_claim(self) -> None:
+        """A claim of one user held uncommitted (a scoped processor mid-compute) while the
+        user saves and the workers drain beside it, then rolled back (its budget ran
+        out): the save lands in a new job, the drains pass the user by, and a later save
+        merges into the newer job, never the older."""
+        app = self._app()
+        if app is None:
+            return
+        user = self.rng.choice([u for u in self.users if u not in self.emptied])
+        execute(app, "BEGIN")
+        try:
+            service.claim(app, "chaos-app", user)
+            self.save_session(user)
+            time.sleep(self.rng.uniform(0.05, 1.0))
+        finally:
+            execute(app, "ROLLBACK")
+        self.save_session(user)
+        self.held_claims += 1
+
+    def scoped_process(self) -> None:
+        """The application publishes one user's stats at once, in its own process."""
+        app = self._app()
+        if app is None:
+            return
+        user = self.rng.choice(self.users)
+        service.process_user(app, user, "chaos-app")
+
+    def bad_save(self) -> None:
+        """A value the worker cannot compute: refused with one line naming the field,
+        nothing written. Accepted, it is a divergence (it would poison the user)."""
+        user = self.rng.choice([u for u in self.users if u not in self.emptied])
+        day, a_set = self.today.isoformat(), self._set(GLOBAL_EXERCISES[0])
+        bads: list[tuple[str, dict[str, Any]]] = [
+            ("session_date", {"session_date": "300000-01-01"}),
+            ("session_date", {"session_date": "0044-03-15 BC"}),
+            ("weight_kg", {"sets": [{**a_set, "weight_kg": "NaN"}]}),
+            ("weight_kg", {"sets": [{**a_set, "weight_kg": 1e6}]}),
+            ("reps", {"sets": [{**a_set, "reps": 2.5}]}),
+            ("exercise_id", {"sets": [{**a_set, "exercise_id": "no_such_lift"}]}),
+        ]
+        field, bad = self.rng.choice(bads)
+        payload = {"user_id": str(user), "session_date": day, "sets": [a_set], **bad}
+        try:
+            execute(self.conn, "SELECT save_training_session(%s, %s)", (user, jsonb(payload)))
+        except DatabaseError as exc:
+            if exc.sqlstate in ("22008", "22023") and field in str(exc).splitlines()[0]:
+                self.bad_saves_refused += 1
+                return
+            raise
+        with self.lock:
+            self.unexpected[f"bad_save: a bad {field} was accepted"] += 1
+
     # -- the stats operator ----------------------------------------------------------------
 
     def squeeze_budget(self, budget: int | None = None) -> None:
@@ -802,6 +867,9 @@ class Workload:
             ("edit_language", self.edit_language, 1),
             ("edit_stats_settings", self.edit_stats_settings, 1),
             ("save_large", self.save_large, 4),
+            ("held_claim", self.held_claim, 1),
+            ("scoped_process", self.scoped_process, 2),
+            ("bad_save", self.bad_save, 1),
             ("delete_all_sessions", self.delete_all_sessions, 0.3),
             ("squeeze_budget", self.squeeze_budget, 0.2),
             ("rebuild_everyone", self.rebuild_everyone, 0.1),

@@ -97,7 +97,10 @@ BEGIN
     SET lease_until = CASE WHEN stats_run_is_active(NEW.phase, NEW.lease_until,
                                                     NEW.retry_not_before)
                            THEN NEW.lease_until ELSE '-infinity' END
-    WHERE run_id = NEW.id AND lease_until > now();
+    WHERE slot IN (SELECT l.slot FROM stats_lease_slots l
+                   WHERE l.run_id = NEW.id AND l.lease_until > now()
+                   -- a slot another claim is filling is no longer this run's
+                   FOR UPDATE SKIP LOCKED);
     RETURN NULL;
 END
 $$;
@@ -501,23 +504,28 @@ BEGIN
         compute_next_offset := (v_cursor ->> 'next_offset')::integer;
         compute_total := (v_cursor ->> 'total')::integer;
         compute_reason := 'transaction_boundary_required';
-    ELSIF NOT stats_renew_lease(p_run_id, st.lease_seconds) THEN
-        compute_status := 'lost';
-        compute_reason := 'lease slot taken';
-    ELSIF run.attempts > st.max_attempts THEN
-        PERFORM stats_fail_attempt(p_run_id, 'attempts exhausted', run.payload);
-        compute_status := 'failed';
-        compute_reason := 'attempts exhausted';
     END IF;
     IF compute_status IS NOT NULL THEN
         RETURN NEXT;
         RETURN;
     END IF;
 
-    -- The step's work, under a savepoint: its statement budget running out, or a value
-    -- it cannot compute, rolls back this step only and is a failed attempt that keeps
-    -- what earlier steps committed.
+    -- The step, under a savepoint: its statement budget running out, or a value it
+    -- cannot compute, rolls back this step only and is a failed attempt that keeps what
+    -- earlier steps committed (the run row stays locked by this stage throughout).
     BEGIN
+        IF NOT stats_renew_lease(p_run_id, st.lease_seconds) THEN
+            compute_status := 'lost';
+            compute_reason := 'lease slot taken';
+            RETURN NEXT;
+            RETURN;
+        ELSIF run.attempts > st.max_attempts THEN
+            PERFORM stats_fail_attempt(p_run_id, 'attempts exhausted', run.payload);
+            compute_status := 'failed';
+            compute_reason := 'attempts exhausted';
+            RETURN NEXT;
+            RETURN;
+        END IF;
         IF v_cursor IS NULL THEN
             -- Candidates: exercises in scope the user has sets for, those in scope already
             -- projected (an exercise whose last set went away must disappear), and those

@@ -265,9 +265,18 @@ def fetch_one_armed(
             with conn.transaction():
                 conn.execute(arm, arm_params)
                 return conn.execute(query, params).fetchone()
+        # A statement's error arrives at the sync, when the block ends. An error raised
+        # inside the block (a connection already lost) is raised after it, so that the
+        # block's own end reports the connection rather than logging a second error.
+        sent: psycopg.Error | None = None
         with conn.pipeline():
-            conn.execute(arm, arm_params)
-            cursor = conn.execute(query, params)
+            try:
+                conn.execute(arm, arm_params)
+                cursor = conn.execute(query, params)
+            except psycopg.Error as exc:
+                sent = exc
+        if sent is not None:
+            raise sent
         return cursor.fetchone()
 
 

@@ -216,9 +216,7 @@ def test_a_weight_that_is_not_a_finite_number_is_refused(
     assert refused.value.sqlstate == "22023"
     assert "weight_kg" in str(refused.value).splitlines()[0]
     with pytest.raises(DatabaseError) as refused_pr:
-        execute(
-            conn, "SELECT save_manual_pr(%s, 'squat', %s::numeric, 1, %s)", (user, weight, D)
-        )
+        execute(conn, "SELECT save_manual_pr(%s, 'squat', %s::numeric, 1, %s)", (user, weight, D))
     assert refused_pr.value.sqlstate == "22023"
     assert "weight_kg" in str(refused_pr.value).splitlines()[0]
     assert nothing_written(conn, user)
@@ -300,9 +298,7 @@ def test_a_session_with_too_many_sets_is_refused(conn: Connection, user: uuid.UU
 # -- a save during a batched compute --------------------------------------------------
 
 
-def test_a_save_during_a_batched_compute_keeps_its_work(
-    conn: Connection, user: uuid.UUID
-) -> None:
+def test_a_save_during_a_batched_compute_keeps_its_work(conn: Connection, user: uuid.UUID) -> None:
     """Saves while a large account computes in batches do not invalidate the attempt:
     the run publishes its own generation and the saves stay a pending successor."""
     sf.history(conn, user, sessions=60, exercises=250)
@@ -319,7 +315,8 @@ def test_a_save_during_a_batched_compute_keeps_its_work(
         sf.save(conn, user, D, sf.sets(("squat", 100 + n, 5)))
     assert steps[-1] == "computed" and "retry_pending" not in steps
     run = fetch_one(
-        conn, "SELECT attempts, error FROM user_stats_projection_runs WHERE id = %s",
+        conn,
+        "SELECT attempts, error FROM user_stats_projection_runs WHERE id = %s",
         (claimed.run_id,),
     )
     assert run is not None and run["attempts"] == 1 and run["error"] is None
@@ -397,9 +394,7 @@ def test_retention_keeps_refresh_jobs_and_projection_runs(
     assert fetch_one(conn, "SELECT count(*) AS n FROM user_stats_projection_runs") == runs
 
 
-def test_an_exhausted_batch_run_leaves_no_private_output(
-    conn: Connection, user: uuid.UUID
-) -> None:
+def test_an_exhausted_batch_run_leaves_no_private_output(conn: Connection, user: uuid.UUID) -> None:
     """A batch run whose worker died at its last attempt: the claim resumes it, its
     compute finds the attempts spent and fails it, and its private output goes."""
     sf.history(conn, user, sessions=40, exercises=250)
@@ -453,7 +448,9 @@ def test_manual_pr_writes_record_mutation_receipts(conn: Connection, user: uuid.
         " FROM stats_mutation_receipts WHERE user_id = %s ORDER BY id",
         (user,),
     )
-    assert [(r["operation"], r["manual_pr_record_id"], r["requested_version"]) for r in receipts] == [
+    assert [
+        (r["operation"], r["manual_pr_record_id"], r["requested_version"]) for r in receipts
+    ] == [
         ("save", record, 1),
         ("delete", record, 2),
     ]

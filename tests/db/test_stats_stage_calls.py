@@ -80,6 +80,24 @@ def test_a_session_ended_during_a_stage_call_leaves_a_cleanly_failing_connection
         assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
 
 
+def test_a_stage_call_on_a_connection_the_server_ended_fails_cleanly(
+    conn: Connection, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server ended the session between two calls (a restart, an operator's
+    terminate): the next stage call raises DatabaseUnavailable and psycopg logs nothing
+    of its own."""
+    with connect(db_url) as worker:
+        row = fetch_one(worker, "SELECT pg_backend_pid() AS pid")
+        assert row is not None
+        execute(conn, "SELECT pg_terminate_backend(%s)", (row["pid"],))
+        time.sleep(0.2)
+        with caplog.at_level(logging.WARNING, logger="psycopg"):
+            for _ in range(2):
+                with pytest.raises(DatabaseUnavailable):
+                    service.claim(worker, "w")
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
+
+
 def claimed_for(conn: Connection, user: uuid.UUID) -> StatsClaim:
     claimed = service.claim(conn, "w", user)
     assert claimed is not None
