@@ -90,9 +90,10 @@ def process_user(conn: Connection, user_id: UUID, lock_owner: str) -> AccountRes
     applied), `rejected` (the computed payload could not be published: an older
     generation, a moved base or a deleted row; its range went to a newer job),
     `idle` (nothing claimable for the user now: no pending job, the worker paused, every
-    lease slot taken, or another claim counting the leases), `deferred` (the account
-    needs batched computation: the worker publishes it) or `worker_timed_out` (a
-    statement ran out of its budget: the job stays pending for the worker). `has_more`
+    lease slot taken, or another claim holding the user), `deferred` (the account needs
+    batched computation, or its run waits out a retry: the worker publishes it) or
+    `worker_timed_out` (a stage ran out of its statement budget: the job stays pending
+    for the worker). `has_more`
     says whether the user still has pending or processing work.
 
     Transaction: claim, compute and publish run in one transaction (a subtransaction

@@ -477,3 +477,25 @@ def test_a_batch_run_resumed_by_another_process_is_counted(db_url: str) -> None:
             " (SELECT worker_pid FROM chaos_stats_publications) AS publisher",
         )
     assert row == {"several": 1, "workers": [1, 2], "publisher": 2}
+
+
+def test_a_user_read_as_current_without_its_last_save_is_caught(conn: Connection) -> None:
+    """The sampled check that current means correct: a user whose applied generation
+    claims to cover a save its published stats lack (what merging a later save into an
+    older job produced) is reported; a truly current user is not."""
+    _today(conn)
+    for lift in ("squat", "bench_press"):
+        sf.exercise(conn, lift)
+    user = uuid.uuid4()
+    sf.save(conn, user, TODAY - timedelta(days=2), sf.sets(("squat", 100, 5)))
+    _drain(conn)
+    assert stats_oracle.check_current(conn, random.Random(0)) == []
+    sf.save(conn, user, TODAY - timedelta(days=1), sf.sets(("bench_press", 80, 5)))
+    assert stats_oracle.check_current(conn, random.Random(0)) == []  # stale: not sampled
+    execute(conn, "UPDATE user_stats_refresh_state SET applied_version = requested_version")
+    [found] = stats_oracle.check_current(conn, random.Random(0))
+    assert str(user) in found and "bench_press missing" in found
+    # Service the queue, the user is current again and reads true.
+    execute(conn, "UPDATE user_stats_refresh_state SET applied_version = applied_version - 1")
+    _drain(conn)
+    assert stats_oracle.check_current(conn, random.Random(0)) == []
