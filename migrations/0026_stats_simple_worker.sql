@@ -35,6 +35,36 @@
 
 -- == Values the worker can compute and a reader can load ==============================
 
+-- A row stored before these rules that breaks them stops the migration with one line
+-- saying what to repair (through the write functions: delete or save the session, the
+-- manual PR), rather than a constraint error naming no row.
+DO $$
+DECLARE
+    v_sessions bigint := (SELECT count(*) FROM training_sessions
+                          WHERE session_date NOT BETWEEN DATE '0001-01-01' AND DATE '9999-12-31');
+    v_sets bigint := (SELECT count(*) FROM training_sets WHERE weight_kg = 'NaN'::numeric);
+    v_records bigint := (SELECT count(*) FROM user_manual_pr_records
+                         WHERE weight_kg = 'NaN'::numeric
+                            OR recorded_on NOT BETWEEN DATE '0001-01-01' AND DATE '9999-12-31');
+BEGIN
+    IF v_sessions + v_sets + v_records > 0 THEN
+        RAISE EXCEPTION 'training data the stats worker cannot compute: % sessions dated outside 0001-01-01..9999-12-31, % sets weighing NaN, % manual PR records with either; correct or delete them, then migrate again',
+            v_sessions, v_sets, v_records
+            USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+-- A dirty range reaching past them (a deleted session's date) becomes the full history,
+-- which covers it.
+UPDATE user_exercise_stats_refresh_jobs SET from_date = NULL
+WHERE status IN ('pending', 'processing')
+  AND from_date NOT BETWEEN DATE '0001-01-01' AND DATE '9999-12-31';
+UPDATE user_stats_owed_ranges SET from_date = NULL
+WHERE from_date NOT BETWEEN DATE '0001-01-01' AND DATE '9999-12-31';
+UPDATE user_stats_projection_runs SET from_date = NULL
+WHERE phase IN ('claimed', 'computed')
+  AND from_date NOT BETWEEN DATE '0001-01-01' AND DATE '9999-12-31';
+
 ALTER TABLE training_sessions
     DROP CONSTRAINT training_sessions_session_date_finite,
     ADD CONSTRAINT training_sessions_session_date_in_range

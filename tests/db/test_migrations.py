@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from inventory_pipeline.db import Connection, MigrationError, connect, fetch_all, fetch_one
+from inventory_pipeline.db import (
+    Connection,
+    MigrationError,
+    connect,
+    fetch_all,
+    fetch_one,
+    jsonb,
+)
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
 from inventory_pipeline.db.migrator import discover, migrate
 
@@ -215,3 +222,42 @@ def test_shared_conditions_are_inlined_where_they_are_asked(conn: Connection) ->
         assert not [f for f in functions if f + "(" in plan], plan
         if "circuit_probe_seconds" in params:
             assert "Index Scan Backward using profile_refresh_requests_library_terminal" in plan
+
+
+def test_the_value_rules_migration_names_what_to_repair_first(
+    empty_db: str, tmp_path: Path
+) -> None:
+    """A database upgraded to the write surface's value rules: a session it holds dated
+    in the year 300000 (its sets weighing NaN) stops the migration with one line saying
+    what to repair; once the session is deleted through the write functions, the
+    migration applies, and the delete's dirty range, which reached that date, becomes the
+    full history the worker can compute."""
+    folder = copy_migrations(tmp_path, upto=25)
+    user = "00000000-0000-0000-0000-0000000000b2"
+    session = {
+        "id": "00000000-0000-0000-0000-0000000000c3",
+        "user_id": user,
+        "session_date": "300000-01-01",
+        "sets": [{"exercise_id": "squat", "weight_kg": "NaN", "reps": 5}],
+    }
+    with connect(empty_db) as conn:
+        migrate(conn, folder)
+        conn.execute("INSERT INTO exercises (id, name) VALUES ('squat', 'Squat')")
+        conn.execute("SELECT save_training_session(%s, %s)", (user, jsonb(session)))
+        for m in discover():
+            if m.version > 25:
+                (folder / m.filename).write_text(m.sql)
+        with pytest.raises(MigrationError) as refused:
+            migrate(conn, folder)
+        assert (
+            "1 sessions dated outside 0001-01-01..9999-12-31, 1 sets weighing NaN"
+            in str(refused.value).splitlines()[0]
+        )
+        conn.execute("UPDATE user_exercise_stats_refresh_jobs SET status = 'completed'")
+        conn.execute("SELECT delete_training_session(%s, %s)", (user, session["id"]))
+        migrate(conn, folder)
+        pending = fetch_all(
+            conn,
+            "SELECT from_date FROM user_exercise_stats_refresh_jobs WHERE status = 'pending'",
+        )
+        assert pending == [{"from_date": None}]
