@@ -65,10 +65,13 @@ RELEASE_JITTER_SECONDS = 60
 
 # -- the workload and its faults --------------------------------------------------------
 # Stats workers: two stepping through claim/compute/publish by hand, two drain loops
-# (the drain op's own path) running at once.
+# (the drain op's own path) running at once. Three refreshers: each stalls past its lease
+# on 15 % of its generations (3-4.5 s asleep), so two took at most ~3.5 claims a second,
+# and a run that truncated nothing (every library kept its rows, the observers' captures
+# dirtying them again) kept a library dirty past the bound below (194-244 s, 3 runs of 5).
 WORKERS = {
     "planner": 2,
-    "refresher": 2,
+    "refresher": 3,
     "observer": 2,
     "prober": 1,
     "revalidator": 2,

@@ -944,6 +944,8 @@ class Workload:
             self.rebuild.join()
         if self.writer is not None:
             self.writer.close()
+        if self.app is not None:
+            self.app.close()
         if self.conn.closed and self.reconnect is not None:
             self.conn = self.reconnect()
         self.restore_budget()
