@@ -305,6 +305,8 @@ DECLARE
     v_run record;
     v_candidate record;
     v_tried uuid[] := '{}';
+    v_after_at timestamptz := '-infinity';
+    v_after_id bigint := 0;
     v_oldest bigint;
     v_job record;
     v_started boolean := false;
@@ -377,16 +379,30 @@ BEGIN
         INTO v_job;
         v_started := true;
     ELSE
-        FOR v_candidate IN
-            SELECT p.user_id
-            FROM user_exercise_stats_refresh_jobs p
-            WHERE p.status = 'pending'
-              AND (p_user_id IS NULL OR p.user_id = p_user_id)
-              AND NOT EXISTS (
-                  SELECT 1 FROM user_exercise_stats_refresh_jobs q
-                  WHERE q.user_id = p.user_id AND q.status = 'processing')
-            ORDER BY p.created_at, p.id
+        -- Candidates oldest first, one statement each (LIMIT 1 after the last one: the
+        -- claim reads the front of the queue in its order, however long the queue is).
         LOOP
+            IF p_user_id IS NULL THEN
+                SELECT p.user_id, p.created_at, p.id INTO v_candidate
+                FROM user_exercise_stats_refresh_jobs p
+                WHERE p.status = 'pending'
+                  AND (p.created_at, p.id) > (v_after_at, v_after_id)
+                  AND NOT EXISTS (
+                      SELECT 1 FROM user_exercise_stats_refresh_jobs q
+                      WHERE q.user_id = p.user_id AND q.status = 'processing')
+                ORDER BY p.created_at, p.id
+                LIMIT 1;
+            ELSE
+                SELECT p.user_id, p.created_at, p.id INTO v_candidate
+                FROM user_exercise_stats_refresh_jobs p
+                WHERE p.user_id = p_user_id AND p.status = 'pending'
+                  AND (p.created_at, p.id) > (v_after_at, v_after_id)
+                ORDER BY p.created_at, p.id
+                LIMIT 1;
+            END IF;
+            EXIT WHEN NOT FOUND;
+            v_after_at := v_candidate.created_at;
+            v_after_id := v_candidate.id;
             CONTINUE WHEN v_candidate.user_id = ANY (v_tried);
             v_tried := v_tried || v_candidate.user_id;
             CONTINUE WHEN NOT pg_try_advisory_xact_lock(stats_user_lock(v_candidate.user_id));

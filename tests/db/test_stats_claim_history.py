@@ -1,6 +1,7 @@
-"""A claim reads the live runs, not the queue's history: however many runs have
-finished, and whether the planner's statistics of the runs table are current or were
-taken while it was empty, one claim touches a handful of the table's pages."""
+"""A claim reads the live runs and the front of the queue, not the queue's history:
+however many runs have finished or jobs wait, and whether the planner's statistics
+are current or were taken while the table was empty or short, one claim touches a
+handful of the table's pages."""
 
 from __future__ import annotations
 
@@ -84,5 +85,47 @@ def test_a_claim_reads_a_handful_of_pages_however_many_runs_have_finished(
         execute(worker, "SELECT pg_stat_force_next_flush()")
         after = fetch_one(worker, READ)
     assert claimed is not None and claimed.user_id == second
+    assert before is not None and after is not None
+    assert after["pages"] - before["pages"] < PAGES_PER_CLAIM, after["pages"] - before["pages"]
+
+
+PENDING = 5000
+WARM_CLAIMS = 7  # past the five custom plans a session makes before a generic one
+
+READ_JOBS = READ.replace("user_stats_projection_runs", "user_exercise_stats_refresh_jobs")
+
+
+def test_a_claim_reads_the_front_of_a_long_queue(conn: Connection, db_url: str) -> None:
+    """Statistics taken while the queue was short (as autovacuum last saw it before a
+    rebuild request), then 5,000 pending jobs: a claim made after the session's plans
+    settled reads fewer than PAGES_PER_CLAIM pages of the queue table and its indexes.
+    A claim that orders every pending job before taking the first reads them all, on
+    every claim of a drain."""
+    execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 10")
+    execute(
+        conn,
+        "SELECT request_stats_refresh(gen_random_uuid(), NULL, '{}', 'test')"
+        " FROM generate_series(1, 20)",
+    )
+    execute(conn, "ANALYZE user_exercise_stats_refresh_jobs")
+    execute(
+        conn,
+        "SELECT request_stats_refresh(gen_random_uuid(), NULL, '{}', 'test')"
+        " FROM generate_series(1, %s)",
+        (PENDING,),
+    )
+    execute(conn, "SELECT pg_stat_force_next_flush()")  # the setup's reads are counted
+    execute(conn, "SELECT 1")  # before the claim's are
+
+    with connect(db_url) as worker:
+        execute(worker, "SET stats_fetch_consistency = 'none'")
+        for _ in range(WARM_CLAIMS):
+            assert service.claim(worker, "test") is not None
+        execute(worker, "SELECT pg_stat_force_next_flush()")
+        before = fetch_one(worker, READ_JOBS)
+        claimed = service.claim(worker, "test")
+        execute(worker, "SELECT pg_stat_force_next_flush()")
+        after = fetch_one(worker, READ_JOBS)
+    assert claimed is not None
     assert before is not None and after is not None
     assert after["pages"] - before["pages"] < PAGES_PER_CLAIM, after["pages"] - before["pages"]
