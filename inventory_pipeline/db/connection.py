@@ -251,6 +251,11 @@ def jsonb(value: Any) -> Jsonb:
     return Jsonb(value)
 
 
+def in_transaction(conn: Connection) -> bool:
+    """Whether a statement sent now would join a transaction the caller has open."""
+    return conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+
+
 def fetch_one_armed(
     conn: Connection, arm: str, arm_params: Params, query: str, params: Params = None
 ) -> Row | None:
@@ -261,7 +266,7 @@ def fetch_one_armed(
     transaction, committed at its sync; inside the caller's transaction they run in a
     savepoint, and commit with the caller."""
     with translate_errors():
-        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        if in_transaction(conn):
             with conn.transaction():
                 conn.execute(arm, arm_params)
                 return conn.execute(query, params).fetchone()
@@ -379,6 +384,7 @@ __all__ = [
     "fetch_one",
     "fetch_one_armed",
     "fetch_tuples",
+    "in_transaction",
     "jsonb",
     "redact_url",
     "savepoint",

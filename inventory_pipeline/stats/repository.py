@@ -13,6 +13,7 @@ from inventory_pipeline.db import (
     fetch_all,
     fetch_one,
     fetch_one_armed,
+    in_transaction,
 )
 from inventory_pipeline.db.queries import load_queries
 from inventory_pipeline.stats.models import (
@@ -58,12 +59,27 @@ def update_settings(conn: Connection, changes: dict[str, int | bool | None]) -> 
 # -- the stages, one server-side call each ----------------------------------------------
 
 
+def arm_params(conn: Connection, stage: str, lease_token: UUID | None) -> dict[str, Any]:
+    """The parameters of `arm_stage` for a stage call made now on `conn`.
+
+    A claim or compute in its own transaction commits without waiting for its WAL
+    flush: a crash can lose it only with every later transaction, and the run's next
+    stage then finds its lease gone or its work undone. A publication waits (it is
+    what readers are told), and so does any stage inside a caller's transaction, whose
+    commit is the caller's."""
+    return {
+        "stage": stage,
+        "lease_token": "" if lease_token is None else str(lease_token),
+        "async_commit": stage != "publish" and not in_transaction(conn),
+    }
+
+
 def _stage(
     conn: Connection, stage: str, lease_token: UUID | None, name: str, params: dict[str, Any]
 ) -> Row | None:
     """The stage's function as one transaction under its statement budget and lease
     token (see `db.fetch_one_armed`)."""
-    arm = {"stage": stage, "lease_token": "" if lease_token is None else str(lease_token)}
+    arm = arm_params(conn, stage, lease_token)
     return fetch_one_armed(conn, QUERIES["arm_stage"], arm, QUERIES[name], params)
 
 

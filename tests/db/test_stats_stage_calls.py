@@ -214,3 +214,27 @@ def test_an_armed_call_is_one_transaction_under_its_budget(conn: Connection) -> 
     assert fetch_all(conn, "SELECT id FROM armed_rows ORDER BY id") == [{"id": 1}, {"id": 2}]
     timeout = fetch_one(conn, "SELECT current_setting('statement_timeout') AS t")
     assert timeout == {"t": "0"}, "the budget armed for a call ends with its transaction"
+
+
+SYNCHRONOUS_COMMIT = "SELECT current_setting('synchronous_commit') AS setting"
+
+
+def test_only_a_claim_or_compute_in_its_own_transaction_commits_without_a_flush(
+    conn: Connection,
+) -> None:
+    """A claim or compute sent as its own transaction may return before its WAL is
+    flushed; a publication never does, nor any stage inside a caller's transaction (its
+    setting would hold for the caller's whole transaction, the publication included)."""
+    for stage, expected in (("claim", "off"), ("compute", "off"), ("publish", "on")):
+        arm = repo.arm_params(conn, stage, None)
+        row = fetch_one_armed(conn, repo.QUERIES["arm_stage"], arm, SYNCHRONOUS_COMMIT)
+        assert row == {"setting": expected}, stage
+
+    for name in ("squat", "bench"):
+        sf.exercise(conn, name)
+    user = uuid.uuid4()
+    sf.save(conn, user, D, sf.sets(("squat", 100, 5), ("bench", 60, 8)))
+    with transaction(conn):
+        answer = service.process_user(conn, user, "caller")
+        assert answer.outcome == "published"
+        assert fetch_one(conn, SYNCHRONOUS_COMMIT) == {"setting": "on"}
