@@ -317,13 +317,19 @@ BEGIN
     IF st.paused THEN
         RETURN;
     END IF;
-    SELECT l.slot INTO v_slot
-    FROM stats_lease_slots l
-    WHERE l.slot <= st.active_lease_cap AND l.lease_until <= now()
-    ORDER BY l.slot
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED;
-    IF NOT FOUND THEN
+    -- Two looks for a free slot: a look passes by a free slot another claim is taking,
+    -- and sees only what was committed when it began, so a slot freed while it ran (its
+    -- worker then taking the slot this look passed by) is found by the second.
+    FOR v_look IN 1..2 LOOP
+        SELECT l.slot INTO v_slot
+        FROM stats_lease_slots l
+        WHERE l.slot <= st.active_lease_cap AND l.lease_until <= now()
+        ORDER BY l.slot
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED;
+        EXIT WHEN v_slot IS NOT NULL;
+    END LOOP;
+    IF v_slot IS NULL THEN
         RETURN;
     END IF;
     v_until := now() + make_interval(secs => st.lease_seconds);
