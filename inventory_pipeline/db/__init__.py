@@ -18,6 +18,7 @@ from inventory_pipeline.db.connection import (
     transaction,
 )
 from inventory_pipeline.db.errors import (
+    TRANSIENT,
     CheckViolation,
     DatabaseError,
     DatabaseUnavailable,
@@ -37,6 +38,7 @@ from inventory_pipeline.db.errors import (
 )
 
 __all__ = [
+    "TRANSIENT",
     "CheckViolation",
     "Connection",
     "DatabaseError",

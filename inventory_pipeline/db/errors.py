@@ -83,3 +83,8 @@ class DeadlockDetected(DatabaseError):
 
 class SerializationFailure(DatabaseError):
     """A concurrent transaction made this one unserializable (40001)."""
+
+
+# Errors after which the same call may succeed: the server rolled the statement (and the
+# transaction it was in) back whole, and the session goes on.
+TRANSIENT = (DeadlockDetected, SerializationFailure, QueryCanceled, LockNotAvailable)

@@ -86,7 +86,8 @@ class Deferred:
     paused_seconds: float
 
 
-Outcome = Literal["observed", "failed", "lost", "deferred", "error"]
+# interrupted: a transient database error; the claim went back unrecorded (no attempt).
+Outcome = Literal["observed", "failed", "lost", "deferred", "interrupted", "error"]
 
 
 @dataclass(frozen=True)

@@ -99,30 +99,46 @@ RETURNING i.id, i.provider_kind, i.provider_id, i.source_generation, i.observati
           i.recovery_case_id, i.recovery_category, i.recovery_attempts, i.recovery_resolved_at,
           due.proposal_id, due.candidate_tmdb_id AS replacement_tmdb_id;
 
+-- name: completion_lock_timeout
+-- A completion waits for its library's state at most this long (then it is retried).
+SET LOCAL lock_timeout = '2s';
+
+-- name: lock_observed_library
+-- docs/provider-recovery.md#lock-order.
+-- The first statement of an observed completion's transaction: the item's library (key
+-- share: a deletion in flight is waited for, after which nothing is returned), then the
+-- library's inventory state (the lock the change capture of the observed original
+-- language takes). The library is locked in the scalar subquery, which runs before the
+-- state row is read. A sync program holds the state from its first captured statement
+-- to its commit and may write the item next: the completion waits for the state while
+-- holding no item, and then takes the item without waiting.
+SELECT s.library_id
+FROM library_inventory_state s
+WHERE s.library_id = (
+    SELECT l.id
+    FROM libraries l
+    WHERE l.id = (SELECT i.library_id FROM media_server_items i WHERE i.id = %(item_id)s)
+    FOR KEY SHARE
+)
+FOR NO KEY UPDATE;
+
 -- name: complete_observed
 -- docs/provider-recovery.md#completion-fence.
 -- One guarded statement saves the validated observation, resolves an open
 -- case, sets the recheck deadline, releases the lease and counts the attempt. Only the
 -- current lease token and source generation match. An observation under an approved
 -- replacement also records it as attempted and as replaced (the case resolves as
--- replaced, docs/identity-revalidation.md#replacement). The observed original language
--- flows into the profile projection through the ordinary change capture, which locks
--- the library's inventory state: so the library is locked first (key share; lock order
--- library -> item -> state), waiting for a deletion in flight, after which nothing
--- matches and the attempt is lost.
-WITH library AS (
-    SELECT l.id
-    FROM libraries l
-    WHERE l.id = (SELECT library_id FROM media_server_items WHERE id = %(item_id)s)
-    FOR KEY SHARE
-),
-before AS (
+-- replaced, docs/identity-revalidation.md#replacement). Runs after
+-- `lock_observed_library` in its transaction: the item must still be in the library
+-- whose state that locked, and is locked without waiting (55P03 when a writer holds it:
+-- the completion is retried).
+WITH before AS (
     SELECT id, recovery_case_id, recovery_resolved_at, recovery_category, recovery_attempts
     FROM media_server_items
     WHERE id = %(item_id)s
       AND observation_lease_token = %(lease_token)s
       AND source_generation = %(source_generation)s
-      AND EXISTS (SELECT FROM library)
+      AND library_id = %(library_id)s
       -- Nothing is applied without approval: an observation of another id than the
       -- item's own is saved only under an approved proposal of this source naming it.
       AND (tmdb_id_of(provider_id) = %(tmdb_id)s
@@ -132,7 +148,7 @@ before AS (
                  AND p.source_generation = %(source_generation)s
                  AND p.state = 'approved'
                  AND p.candidate_tmdb_id = %(tmdb_id)s))
-    FOR UPDATE
+    FOR UPDATE NOWAIT
 ),
 item AS (
     UPDATE media_server_items i

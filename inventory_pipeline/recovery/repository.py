@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inventory_pipeline.db import Connection, Row, execute, fetch_all, fetch_one
+from inventory_pipeline.db import Connection, Row, execute, fetch_all, fetch_one, transaction
 from inventory_pipeline.db.queries import load_queries
 from inventory_pipeline.provider.models import Observation
 from inventory_pipeline.recovery.models import (
@@ -79,26 +79,35 @@ def _guard(claim: ItemClaim) -> dict[str, Any]:
 def complete_observed(
     conn: Connection, claim: ItemClaim, observation: Observation, recheck_seconds: int
 ) -> Row | None:
-    return fetch_one(
-        conn,
-        QUERIES["complete_observed"],
-        {
-            **_guard(claim),
-            "recheck_seconds": recheck_seconds,
-            "provider_kind": observation.kind,
-            "tmdb_id": observation.tmdb_id,
-            "title": observation.title,
-            "genres": list(observation.genres),
-            "vote_average": observation.vote_average,
-            "vote_count": observation.vote_count,
-            "original_language": observation.original_language,
-            "companies": list(observation.companies),
-            "release_date": observation.release_date,
-            "status": observation.status,
-            "imdb_id": observation.imdb_id,
-            "tvdb_id": observation.tvdb_id,
-        },
-    )
+    """Save an observation in one transaction: the library's state first, then the item
+    (docs/provider-recovery.md#lock-order). None: the claim is stale, or the item or its
+    library is gone."""
+    with transaction(conn):
+        execute(conn, QUERIES["completion_lock_timeout"])
+        library = fetch_one(conn, QUERIES["lock_observed_library"], {"item_id": claim.item_id})
+        if library is None:
+            return None
+        return fetch_one(
+            conn,
+            QUERIES["complete_observed"],
+            {
+                **_guard(claim),
+                "library_id": library["library_id"],
+                "recheck_seconds": recheck_seconds,
+                "provider_kind": observation.kind,
+                "tmdb_id": observation.tmdb_id,
+                "title": observation.title,
+                "genres": list(observation.genres),
+                "vote_average": observation.vote_average,
+                "vote_count": observation.vote_count,
+                "original_language": observation.original_language,
+                "companies": list(observation.companies),
+                "release_date": observation.release_date,
+                "status": observation.status,
+                "imdb_id": observation.imdb_id,
+                "tvdb_id": observation.tvdb_id,
+            },
+        )
 
 
 def complete_failed(

@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import replace
 from typing import Literal, TypeVar
 
-from inventory_pipeline.db import Connection, DatabaseUnavailable, connect
+from inventory_pipeline.db import (
+    TRANSIENT,
+    Connection,
+    DatabaseError,
+    DatabaseUnavailable,
+    connect,
+)
 from inventory_pipeline.provider import admission
 from inventory_pipeline.provider.models import Failure, FetchResult, Observation
 from inventory_pipeline.provider.tmdb import TmdbClient
@@ -34,6 +41,10 @@ from inventory_pipeline.recovery.policy import RetryPolicy
 from inventory_pipeline.settings import TmdbSettings
 
 LEASE_SECONDS = 300  # a five-minute attempt lease (docs/provider-recovery.md#claim-and-lease)
+# A completion the database could not take for a transient reason is tried this often,
+# pausing 0.2 s, then 0.4 s: no request is sent again.
+COMPLETION_TRIES = 3
+COMPLETION_PAUSE_SECONDS = 0.2
 OBSERVER = "inventory_pipeline.observer"  # application_name of a run's sessions
 Level = Literal["warning", "info"]
 Answer = TypeVar("Answer")
@@ -157,18 +168,49 @@ def observe_claim(
     settings: ProviderSettings,
     policy: RetryPolicy,
 ) -> ObservationResult:
-    """One attempt, start to finish. Any exception but a lost database session is a
-    defect in handling this item's answer or storing it: the attempt is recorded as an
-    invalid_response (a day's backoff like any response problem, a warning naming the
-    exception class), so the item neither fails the run nor comes back first as soon as
-    its lease runs out. A lost session leaves the claim to its lease."""
+    """One attempt, start to finish (docs/provider-recovery.md#database-errors). A
+    database error is never a provider outcome: a transient one (deadlock, serialization,
+    lock or statement timeout) is met by trying the completion again, without a second
+    request, and when it persists the claim goes back unrecorded (`interrupted`: no
+    attempt counted, no case); a lost session leaves the claim to its lease; any other
+    one is raised. Any other exception is a defect in handling this item's answer: the
+    attempt is recorded as an invalid_response (a day's backoff, a warning naming the
+    exception class), so the item neither fails the run nor comes back first."""
+    error: str | None = None
     try:
-        return complete(conn, claim, fetch(conn, claim, client, settings), policy)
-    except DatabaseUnavailable:
+        result = fetch(conn, claim, client, settings)
+    except TRANSIENT as exc:
+        return give_back(conn, claim, exc)
+    except DatabaseError:
         raise
     except Exception as exc:
-        recorded = complete(conn, claim, Failure("invalid_response", cause="unhandled"), policy)
-        return replace(recorded, error=type(exc).__name__)
+        result, error = Failure("invalid_response", cause="unhandled"), type(exc).__name__
+    attempt = 1
+    while True:
+        try:
+            recorded = complete(conn, claim, result, policy)
+        except TRANSIENT as exc:
+            if attempt == COMPLETION_TRIES:
+                return give_back(conn, claim, exc)
+            time.sleep(COMPLETION_PAUSE_SECONDS * attempt)
+            attempt += 1
+            continue
+        return recorded if error is None else replace(recorded, error=error)
+
+
+def first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def give_back(conn: Connection, claim: ItemClaim, exc: Exception) -> ObservationResult:
+    """A claim a transient database error interrupted goes back unrecorded, due as it
+    was; if even that fails, its lease ends it."""
+    try:
+        repository.release_claim(conn, claim)
+    except TRANSIENT:
+        pass
+    return ObservationResult(claim.item_id, "interrupted", error=type(exc).__name__)
 
 
 def observe(
@@ -182,10 +224,13 @@ def observe(
     """Claim and observe due items in batches until none are due, `max_items` is
     reached or admission is paused (unclaimed items stay due for the next run). Each
     worker thread has its own connection; the run holds no lock or transaction across
-    any HTTP request. One item's exception ends that item alone. `on_result` runs in
+    any HTTP request. One item's exception ends that item alone, but a database error
+    that is neither transient nor a lost session fails the run (raised with the item and
+    its SQLSTATE once the batch in flight is done, no more claimed). `on_result` runs in
     the caller's thread as soon as each attempt's completion has committed, so a run
     that dies later has already reported every case it committed."""
     results: list[ObservationResult] = []
+    failed: DatabaseError | None = None
     local = threading.local()
     connections: list[Connection] = []
     lock = threading.Lock()
@@ -210,9 +255,16 @@ def observe(
     def run(c: ItemClaim, settings: ProviderSettings) -> ObservationResult:
         try:
             return observe_claim(worker_conn(), c, client, settings, policy)
+        except DatabaseError as exc:
+            if not isinstance(exc, DatabaseUnavailable):
+                raise DatabaseError(
+                    f"item {c.item_id}: {type(exc).__name__} (SQLSTATE {exc.sqlstate}): "
+                    f"{first_line(exc)}",
+                    exc.sqlstate,
+                ) from exc
+            forget_worker_conn()  # the next item of this thread opens a fresh session
+            return ObservationResult(c.item_id, "error", error=type(exc).__name__)
         except Exception as exc:
-            if isinstance(exc, DatabaseUnavailable):
-                forget_worker_conn()  # the next item of this thread opens a fresh session
             return ObservationResult(c.item_id, "error", error=type(exc).__name__)
 
     try:
@@ -227,11 +279,17 @@ def observe(
                 futures = [pool.submit(run, c, settings) for c in batch]
                 outcomes = set()
                 for future in as_completed(futures):
-                    result = future.result()
+                    try:
+                        result = future.result()
+                    except DatabaseError as exc:
+                        failed = failed or exc  # reported once the batch is done
+                        continue
                     results.append(result)
                     outcomes.add(result.outcome)
                     if on_result is not None:
                         on_result(result)
+                if failed is not None:
+                    raise failed
                 if outcomes == {"error"}:
                     break  # nothing of the batch could be recorded: claim no more
     finally:
@@ -290,6 +348,12 @@ def notice(result: ObservationResult) -> tuple[Level, str] | None:
             "warning",
             f"item {result.item_id}: attempt not recorded ({result.error}); "
             "retried when its lease expires",
+        )
+    if result.outcome == "interrupted":
+        return (
+            "info",
+            f"item {result.item_id}: attempt not recorded ({result.error}); given back, "
+            "tried again while due",
         )
     if result.transition == "opened":
         return (

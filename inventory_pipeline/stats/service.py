@@ -15,14 +15,7 @@ from __future__ import annotations
 from typing import Any, Literal
 from uuid import UUID
 
-from inventory_pipeline.db import (
-    Connection,
-    DeadlockDetected,
-    LockNotAvailable,
-    QueryCanceled,
-    SerializationFailure,
-    savepoint,
-)
+from inventory_pipeline.db import TRANSIENT, Connection, savepoint
 from inventory_pipeline.stats import rebuild
 from inventory_pipeline.stats import repository as repo
 from inventory_pipeline.stats.models import (
@@ -55,8 +48,6 @@ __all__ = [
     "worker_status",
 ]
 
-# Errors after which the same call may succeed: the call was rolled back whole.
-TRANSIENT = (DeadlockDetected, SerializationFailure, QueryCanceled, LockNotAvailable)
 # Claims one `claim` call makes at most: a claim that failed a job past the attempt cap
 # ends there (one owner a transaction), and one hit by a transient error is made again.
 CLAIM_TRIES = 5

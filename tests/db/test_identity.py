@@ -16,7 +16,6 @@ from inventory_pipeline.db import (
     connect,
     execute,
     fetch_all,
-    fetch_one,
 )
 from inventory_pipeline.provider.standin import StandIn
 from inventory_pipeline.provider.tmdb import TmdbClient
@@ -170,27 +169,3 @@ def connections(db_url: str) -> Callable[[], Connection]:
         return connect(db_url, application_name=name)
 
     return open_next
-
-
-def test_one_items_exception_fails_that_item_alone(
-    conn: Connection, db_url: str, standin: StandIn
-) -> None:
-    """An item whose completion the database refuses (here a check the test adds)
-    becomes an invalid_response case with a day's backoff; the others are observed."""
-    f.provider_key(conn, TMDB_TEST_KEY)
-    lib = f.library(conn)
-    items = [f.tmdb_item(conn, lib, tmdb_id) for tmdb_id in (21, 22, 23, 24)]
-    execute(
-        conn,
-        "ALTER TABLE provider_observations ADD CONSTRAINT test_refuses_22 CHECK (tmdb_id <> 22)",
-    )
-    with TmdbClient(standin.url, timeout_seconds=2.0) as client:
-        summary = service.observe(lambda: connect(db_url), client, POLICY, workers=2)
-    assert summary.observed == 3
-    row = f.item(conn, items[1])
-    assert row["recovery_category"] == "invalid_response"
-    assert row["observation_due_at"] >= datetime.now(UTC) + timedelta(hours=23)
-    [failed] = [r for r in summary.results if r.item_id == items[1]]
-    notice = service.notice(failed)
-    assert notice is not None and notice[0] == "warning" and "CheckViolation" in notice[1]
-    assert fetch_one(conn, "SELECT count(*) AS n FROM provider_observations") == {"n": 3}
