@@ -53,11 +53,14 @@ WHERE w.provider = 'tmdb'
   )
   AND w.verified_generation IS DISTINCT FROM %(generation)s
   AND credential_probe_allowed(w, %(generation)s)
-RETURNING w.probe_failures;
+-- probe_failures counts the failures of backoff_generation: a new key starts from none.
+RETURNING CASE WHEN w.backoff_generation = %(generation)s THEN w.probe_failures ELSE 0 END
+          AS probe_failures;
 
 -- name: complete_probe
 -- Verification counts only for the same configuration and generation under an unexpired
--- lease. A provider Retry-After is recorded whenever the lease token matches, even if the
+-- lease. A failure counts towards the backoff of its own generation only
+-- (probe_failures are backoff_generation's). A provider Retry-After is recorded whenever the lease token matches, even if the
 -- key changed meanwhile: editing settings is not a throttle bypass.
 WITH config AS (
     SELECT credential_generation, active
@@ -85,7 +88,9 @@ SET verified_generation = CASE WHEN b.current AND %(outcome)s = 'verified'
                           THEN 0 ELSE w.release_cursor END,
     probe_failures = CASE WHEN NOT b.current THEN w.probe_failures
                           WHEN %(outcome)s = 'verified' THEN 0
-                          ELSE w.probe_failures + 1 END,
+                          WHEN w.backoff_generation = %(generation)s
+                          THEN w.probe_failures + 1
+                          ELSE 1 END,
     backoff_generation = CASE WHEN b.current AND %(outcome)s <> 'verified'
                               THEN %(generation)s ELSE w.backoff_generation END,
     next_probe_at = CASE WHEN b.current AND %(outcome)s <> 'verified'

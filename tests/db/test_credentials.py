@@ -166,6 +166,27 @@ def test_rejected_key_backs_off_for_its_generation_only(
     verified(conn, client)
 
 
+def test_a_new_key_starts_its_own_failure_count(conn: Connection, client: TmdbClient) -> None:
+    """Five failures of a wrong key; the corrected key's first failure waits the first
+    step of the backoff (15-30 min), not the sixth (the wait doubles per failure of one
+    generation: docs/credentials.md#backoff)."""
+    save(conn, "wrong-key")
+    f.auth_cases(conn, f.library(conn), 1)
+    for failures in range(5):
+        claim = service.claim_probe(conn)
+        assert claim is not None and claim.probe_failures == failures
+        service.complete_probe(conn, claim, "auth", None)
+        execute(conn, "UPDATE credential_wakeups SET next_probe_at = now()")
+    save(conn, "second-key")
+    claim = service.claim_probe(conn)
+    assert claim is not None and claim.probe_failures == 0
+    service.complete_probe(conn, claim, "transient", None)
+    row = wakeup(conn)
+    assert row["probe_failures"] == 1
+    wait = row["next_probe_at"] - datetime.now(UTC)  # type: ignore[operator]
+    assert timedelta(minutes=14) < wait <= timedelta(minutes=30)
+
+
 def test_throttle_survives_a_key_edit(
     conn: Connection, client: TmdbClient, standin: StandIn
 ) -> None:
