@@ -35,6 +35,9 @@ class ProviderSettings:
     api_key: str | None = field(repr=False)
     active: bool
     language: str | None
+    # The credential generation of this key (a new one whenever the key or the active
+    # flag changes): a failure records which key its request was sent with.
+    generation: UUID | None = None
 
     @property
     def usable_key(self) -> str | None:

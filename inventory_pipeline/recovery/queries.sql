@@ -1,7 +1,8 @@
 -- Every statement of provider observation and recovery (docs/provider-recovery.md).
 
 -- name: provider_settings
-SELECT api_key, active, language FROM provider_settings WHERE provider = 'tmdb';
+SELECT api_key, active, language, credential_generation FROM provider_settings
+WHERE provider = 'tmdb';
 
 -- name: save_provider_settings
 UPDATE provider_settings
@@ -217,7 +218,8 @@ FROM item, before;
 -- docs/provider-recovery.md#completion-fence.
 -- One guarded statement records the failure on the item's one recovery
 -- record: a new case (fresh opaque id) when none is open, else the same case with its
--- attempts counted and its cause updated; the retry deadline; lease release; counters.
+-- attempts counted and its cause updated; the credential generation the request was
+-- sent with (docs/credentials.md#release); the retry deadline; lease release; counters.
 -- An attempt under an approved replacement records it as attempted. A not_found case
 -- of two or more failures whose source was once observed with external ids is queued
 -- for revalidation (docs/identity-revalidation.md#eligibility): at once when new, again
@@ -248,6 +250,7 @@ item AS (
             WHEN before.recovery_case_id IS NULL OR before.recovery_resolved_at IS NOT NULL
             THEN now() ELSE i.recovery_first_failed_at END,
         recovery_last_failed_at = now(),
+        recovery_credential_generation = %(credential_generation)s::uuid,
         recovery_resolved_at = NULL,
         observation_due_at = now() + make_interval(secs => %(delay_seconds)s),
         observation_lease_token = NULL,

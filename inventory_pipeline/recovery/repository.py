@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from uuid import UUID
 
 from inventory_pipeline.db import Connection, Row, execute, fetch_all, fetch_one, transaction
 from inventory_pipeline.db.queries import load_queries
@@ -22,7 +23,9 @@ def provider_settings(conn: Connection) -> ProviderSettings:
     row = fetch_one(conn, QUERIES["provider_settings"])
     if row is None:
         return ProviderSettings(None, False, None)
-    return ProviderSettings(row["api_key"], row["active"], row["language"])
+    return ProviderSettings(
+        row["api_key"], row["active"], row["language"], row["credential_generation"]
+    )
 
 
 def save_provider_settings(conn: Connection, settings: ProviderSettings) -> None:
@@ -111,12 +114,17 @@ def complete_observed(
 
 
 def complete_failed(
-    conn: Connection, claim: ItemClaim, category: str, delay_seconds: int
+    conn: Connection,
+    claim: ItemClaim,
+    category: str,
+    delay_seconds: int,
+    generation: UUID | None,
 ) -> Row | None:
+    params = {"category": category, "delay_seconds": delay_seconds}
     return fetch_one(
         conn,
         QUERIES["complete_failed"],
-        {**_guard(claim), "category": category, "delay_seconds": delay_seconds},
+        {**_guard(claim), **params, "credential_generation": generation},
     )
 
 

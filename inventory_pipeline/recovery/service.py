@@ -15,6 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import replace
 from typing import Literal, TypeVar
+from uuid import UUID
 
 from inventory_pipeline.db import (
     TRANSIENT,
@@ -117,9 +118,11 @@ def complete(
     result: FetchResult | Deferred,
     policy: RetryPolicy,
     rng: random.Random | None = None,
+    generation: UUID | None = None,
 ) -> ObservationResult:
     """Record the attempt in one guarded statement; a stale claim changes nothing. A
-    deferred claim goes back without an attempt."""
+    deferred claim goes back without an attempt. A failure records `generation`, the
+    credential generation of the key the request was sent with."""
     if isinstance(result, Deferred):
         released = repository.release_claim(conn, claim)
         return ObservationResult(claim.item_id, "deferred" if released else "lost")
@@ -138,7 +141,7 @@ def complete(
             replacement=claim.replacement if row["replaced"] else None,
         )
     delay = policy.delay(result.category, claim.next_attempt, result.retry_after_seconds, rng)
-    row = repository.complete_failed(conn, claim, result.category, delay)
+    row = repository.complete_failed(conn, claim, result.category, delay, generation)
     if row is None:
         return ObservationResult(claim.item_id, "lost", category=result.category)
     transition: Transition
@@ -188,7 +191,7 @@ def observe_claim(
     attempt = 1
     while True:
         try:
-            recorded = complete(conn, claim, result, policy)
+            recorded = complete(conn, claim, result, policy, generation=settings.generation)
         except TRANSIENT as exc:
             if attempt == COMPLETION_TRIES:
                 return give_back(conn, claim, exc)

@@ -380,6 +380,27 @@ def test_settings_writer_lock_times_out_after_one_second(
     assert released(conn) == []
 
 
+def test_an_old_keys_late_401_is_released_by_the_new_keys_verification(
+    conn: Connection, standin: StandIn, client: TmdbClient
+) -> None:
+    """A request sent with the old key answers 401 after the new key was verified: its
+    case was made with an older generation and is released (docs/credentials.md#release)."""
+    save(conn, "old-key")
+    lib = f.library(conn)
+    item = f.tmdb_item(conn, lib, 777)
+    [claim] = recovery.claim(conn, 1)
+    settings = recovery.provider_settings(conn)
+    with TmdbClient(standin.url) as observer:
+        in_flight = recovery.fetch(conn, claim, observer, settings)
+    f.auth_cases(conn, lib, 1, first_tmdb_id=1)  # the case that wakes the probe
+    save(conn, TMDB_TEST_KEY)
+    verified(conn, client)
+    late = recovery.complete(conn, claim, in_flight, RetryPolicy(), generation=settings.generation)
+    assert late.outcome == "failed" and late.category == "auth"
+    service.release(conn)
+    assert item in released(conn)
+
+
 def test_release_then_observation_resolves(
     conn: Connection, db_url: str, standin: StandIn, client: TmdbClient
 ) -> None:
