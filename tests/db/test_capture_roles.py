@@ -125,6 +125,47 @@ def test_update(conn: Connection, writer: str, libs: list[int]) -> None:
     assert f.item(conn, renamed)["source_generation"] == 2
 
 
+def test_an_update_that_changes_an_id_is_a_delete_and_an_insert(
+    conn: Connection, writer: str, libs: list[int]
+) -> None:
+    """A re-keying UPDATE dirties the library the old row left and the one the new row
+    joined, as a MERGE doing the same does; the item's observation goes with its old id,
+    and the re-keyed row starts over as a new item (a new source generation, due now)."""
+    a, b, c, _ = libs
+    moved, kept = item_ids(conn, a)[0], item_ids(conn, c)[0]
+    observe(conn, moved)
+    before = fetch_one(
+        conn, "SELECT source_generation FROM media_server_items WHERE id = %s", (moved,)
+    )
+    assert before is not None
+
+    def write() -> None:
+        with acting_as(conn, writer):
+            execute(
+                conn,
+                "UPDATE media_server_items SET id = %s, library_id = %s WHERE id = %s",
+                (moved + 100_000, b, moved),
+            )
+
+    assert advanced(conn, libs, write) == [1, 1, 0, 0]
+    assert observed(conn) == set()
+    row = fetch_one(
+        conn,
+        "SELECT source_generation, observation_due_at <= now() AS due"
+        " FROM media_server_items WHERE id = %s",
+        (moved + 100_000,),
+    )
+    assert row == {"source_generation": before["source_generation"] + 1, "due": True}
+
+    def same_library() -> None:  # a new id in the same library, nothing else changed
+        with acting_as(conn, writer):
+            execute(
+                conn, "UPDATE media_server_items SET id = %s WHERE id = %s", (kept + 100_000, kept)
+            )
+
+    assert advanced(conn, libs, same_library) == [0, 0, 1, 0]
+
+
 def test_delete_forgets_observations(conn: Connection, writer: str, libs: list[int]) -> None:
     _, b, c, _ = libs
     gone, kept = item_ids(conn, b)[0], item_ids(conn, c)[0]

@@ -480,7 +480,7 @@ def test_records_of_ended_cases_are_forgotten(
     assert service.budget_left(conn, 60) == 60
 
 
-@pytest.mark.parametrize("removal", ["delete", "truncate", "library"])
+@pytest.mark.parametrize("removal", ["delete", "truncate", "library", "rekey"])
 def test_a_deleted_items_replacement_never_reaches_an_item_reusing_its_id(
     conn: Connection,
     db_url: str,
@@ -511,6 +511,12 @@ def test_a_deleted_items_replacement_never_reaches_an_item_reusing_its_id(
                 execute(conn, "DELETE FROM media_server_items WHERE id = ANY (%s)", (gone,))
             elif removal == "truncate":
                 execute(conn, "TRUNCATE media_server_items")
+            elif removal == "rekey":  # both rows under new ids: a delete and an insert
+                execute(
+                    conn,
+                    "UPDATE media_server_items SET id = id + 100000 WHERE id = ANY (%s)",
+                    ([item, rejected],),
+                )
             else:
                 execute(conn, "DELETE FROM libraries WHERE id = %s", (movies,))
             for reused, tmdb_id in ((item, 348), (rejected, 349)):
@@ -528,7 +534,9 @@ def test_a_deleted_items_replacement_never_reaches_an_item_reusing_its_id(
     assert fetch_all(conn, "SELECT * FROM identity_revalidations") == []
     start = len(rc.requested(standin))
     rc.observe(conn, client)
-    assert sorted(rc.requested(standin, start)) == ["/3/movie/348", "/3/movie/349"]
+    # Re-keyed rows are new items too: observed under their own ids, not the replacement.
+    kept = ["/3/movie/603", "/3/movie/604"] if removal == "rekey" else []
+    assert sorted(rc.requested(standin, start)) == ["/3/movie/348", "/3/movie/349", *kept]
 
 
 def test_a_case_set_aside_after_a_fault_is_queued_again_by_its_next_failure(
