@@ -25,6 +25,7 @@ from chaos.config import (
     WAKEUP_SPACING_SECONDS,
 )
 from inventory_pipeline.credentials import service as credentials
+from inventory_pipeline.credentials.models import ProbeNotSent
 from inventory_pipeline.db import Connection, DatabaseUnavailable, connect, execute
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.profiles.generator import generate_profile
@@ -155,13 +156,17 @@ def prober(provider_url: str) -> Step:
         if recovery.admission_paused_seconds(conn) <= 0:  # as verify(): wait out a pause
             claim = credentials.claim_probe(conn, lease_seconds=LEASE_SECONDS)
         if claim is not None:
-            outcome, retry_after = credentials.probe(conn, claim, client)
+            probed = credentials.probe(conn, claim, client)
             if random.random() < 0.05:
                 stall()  # the probe lease runs out: the completion must not verify
             declare(conn, claim.lease_token)
-            credentials.complete_probe(
-                conn, claim, outcome, retry_after, backoff=WAKEUP_BACKOFF_SECONDS
-            )
+            if isinstance(probed, ProbeNotSent):
+                credentials.give_back_probe(conn, claim)
+            else:
+                outcome, retry_after = probed
+                credentials.complete_probe(
+                    conn, claim, outcome, retry_after, backoff=WAKEUP_BACKOFF_SECONDS
+                )
         released = credentials.release(
             conn, limit=WAKEUP_RELEASE_LIMIT, spacing_seconds=WAKEUP_SPACING_SECONDS
         )

@@ -58,6 +58,16 @@ class ProbeResult:
 
 
 @dataclass(frozen=True)
+class ProbeNotSent:
+    """A claimed probe that was never sent: no admission came in time, or its lease ran
+    out while it waited. Its lease is given back; no outcome is recorded and no backoff
+    earned."""
+
+    generation: UUID
+    reason: str
+
+
+@dataclass(frozen=True)
 class ReleaseResult:
     generation: UUID
     released: int

@@ -57,6 +57,19 @@ WHERE w.provider = 'tmdb'
 RETURNING CASE WHEN w.backoff_generation = %(generation)s THEN w.probe_failures ELSE 0 END
           AS probe_failures;
 
+-- name: probe_lease_held
+-- Is the probe lease still this claim's and unexpired? Asked after admission (which can
+-- wait), before the request is sent.
+SELECT probe_lease_expires_at > clock_timestamp() AS held
+FROM credential_wakeups
+WHERE provider = 'tmdb' AND probe_lease_token = %(lease_token)s;
+
+-- name: give_back_probe
+-- A claimed probe that was never sent gives its lease back: no outcome, no backoff.
+UPDATE credential_wakeups
+SET probe_lease_token = NULL, probe_lease_expires_at = NULL, probe_generation = NULL
+WHERE provider = 'tmdb' AND probe_lease_token = %(lease_token)s;
+
 -- name: complete_probe
 -- Verification counts only for the same configuration and generation under an unexpired
 -- lease. A failure counts towards the backoff of its own generation only

@@ -96,3 +96,12 @@ def release_batch(
 
 def record_release(conn: Connection, cursor: int, released: int) -> None:
     execute(conn, QUERIES["record_release"], {"cursor": cursor, "released": released})
+
+
+def probe_lease_held(conn: Connection, lease_token: UUID) -> bool:
+    row = fetch_one(conn, QUERIES["probe_lease_held"], {"lease_token": lease_token})
+    return bool(row and row["held"])
+
+
+def give_back_probe(conn: Connection, lease_token: UUID) -> None:
+    execute(conn, QUERIES["give_back_probe"], {"lease_token": lease_token})

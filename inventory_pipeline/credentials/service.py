@@ -17,6 +17,7 @@ from uuid import uuid4
 from inventory_pipeline.credentials import repository
 from inventory_pipeline.credentials.models import (
     ProbeClaim,
+    ProbeNotSent,
     ProbeOutcome,
     ProbeResult,
     ReleaseResult,
@@ -31,6 +32,9 @@ from inventory_pipeline.recovery.policy import equal_jitter
 
 PROBE_LEASE_SECONDS = 60
 PROBE_DEADLINE_SECONDS = 5.0
+# The longest wait for an admission: well inside the lease, so the probe is sent, read
+# and completed while the lease holds.
+PROBE_ADMISSION_SECONDS = 20.0
 PROBE_BODY_LIMIT = 64 * 1024
 PROBE_PATH = "/3/configuration"
 BACKOFF_MIN_SECONDS = 15 * 60
@@ -93,15 +97,21 @@ def claim_probe(conn: Connection, lease_seconds: int = PROBE_LEASE_SECONDS) -> P
 
 def probe(
     conn: Connection, claim: ProbeClaim, client: TmdbClient
-) -> tuple[ProbeOutcome, int | None]:
+) -> tuple[ProbeOutcome, int | None] | ProbeNotSent:
     """Check the key against the fixed configuration endpoint, outside any transaction.
     Provider text is discarded: only an outcome and a bounded Retry-After remain. A
     throttling answer pauses admission for every process; when admission is already
-    paused the probe is not sent and waits out the pause as if throttled itself."""
+    paused the probe is not sent and waits out the pause as if throttled itself. When no
+    admission comes within PROBE_ADMISSION_SECONDS, or the lease ran out meanwhile, the
+    probe is not sent at all (`give_back_probe`)."""
     try:
-        admission.acquire(conn)
+        admission.acquire(conn, timeout_seconds=PROBE_ADMISSION_SECONDS)
     except admission.AdmissionPaused as paused:
         return "throttled", math.ceil(paused.seconds)
+    except admission.AdmissionTimeout:
+        return ProbeNotSent(claim.generation, "no admission in time")
+    if not repository.probe_lease_held(conn, claim.lease_token):
+        return ProbeNotSent(claim.generation, "its lease ran out while waiting for admission")
     answer = client.get(
         PROBE_PATH,
         claim.api_key,
@@ -117,6 +127,11 @@ def probe(
     if outcome == "throttled":
         admission.pause(conn, retry_after)
     return outcome, retry_after
+
+
+def give_back_probe(conn: Connection, claim: ProbeClaim) -> None:
+    """A probe that was never sent gives its lease back: no outcome, no backoff."""
+    repository.give_back_probe(conn, claim.lease_token)
 
 
 def _outcome(failure: Failure) -> ProbeOutcome:
@@ -151,7 +166,7 @@ def complete_probe(
 
 def verify(
     conn: Connection, client: TmdbClient, lease_seconds: int = PROBE_LEASE_SECONDS
-) -> ProbeResult | None:
+) -> ProbeResult | ProbeNotSent | None:
     """Claim, probe and complete once; None when no probe is due. Nothing is claimed
     while the provider's throttling pauses admission: the probe waits without earning a
     backoff."""
@@ -160,7 +175,11 @@ def verify(
     claim = claim_probe(conn, lease_seconds)
     if claim is None:
         return None
-    outcome, retry_after = probe(conn, claim, client)
+    probed = probe(conn, claim, client)
+    if isinstance(probed, ProbeNotSent):
+        give_back_probe(conn, claim)
+        return probed
+    outcome, retry_after = probed
     return complete_probe(conn, claim, outcome, retry_after)
 
 

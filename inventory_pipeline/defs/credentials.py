@@ -12,7 +12,7 @@ from typing import Any
 import dagster as dg
 
 from inventory_pipeline.credentials import service
-from inventory_pipeline.credentials.models import WakeupStatus, short
+from inventory_pipeline.credentials.models import ProbeNotSent, ProbeResult, WakeupStatus, short
 from inventory_pipeline.db import DatabaseError
 from inventory_pipeline.defs.resources import (
     QUEUE_TAG,
@@ -93,14 +93,19 @@ def wake_authentication_cases(
     verification is a warning in the run. The output is this run's verification outcome
     ("not needed", "superseded" or a probe outcome) for the key check."""
     metadata: dict[str, dg.RawMetadataValue] = {"verification": "not needed", "released": 0}
-    probe = None
+    probe: ProbeResult | None = None
     status = None
     with inventory_db.connection() as conn:
         try:
             status = service.status(conn)
             if status is not None and status.wants_probe:
                 with service.probe_client(tmdb.settings().base_url) as client:
-                    probe = service.verify(conn, client)
+                    probed = service.verify(conn, client)
+                if isinstance(probed, ProbeNotSent):
+                    metadata["verification"] = "not sent"
+                    context.log.info(f"key probe not sent ({probed.reason}); tried again later")
+                else:
+                    probe = probed
                 if probe is not None:
                     metadata["verification"] = probe.outcome if probe.accepted else "superseded"
                     if probe.retry_after_seconds is not None:

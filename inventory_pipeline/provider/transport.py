@@ -4,7 +4,8 @@ httpx's timeouts bound each network operation, and restart at every read: a serv
 trickles its status line and headers a byte at a time never trips one. Here every
 connect, TLS handshake, write and read of a request is bounded by what is left of the
 request's deadline (set with `deadline()` around the request, body reading included),
-so the exchange ends at the deadline however the bytes arrive.
+so the exchange ends at the deadline however the bytes arrive. Name resolution counts
+against the deadline too.
 
 Built on httpcore's public network-backend interface. Requests go straight to the
 provider: proxies from the environment are not consulted.
@@ -13,6 +14,9 @@ provider: proxies from the environment are not consulted.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import socket
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
@@ -74,6 +78,35 @@ class _Stream(httpcore.NetworkStream):
         return self._inner.get_extra_info(info)
 
 
+def _resolve(host: str, port: int, timeout: float | None) -> list[str]:
+    """The host's addresses, the lookup bounded like any other network operation: the
+    system resolver cannot be interrupted, so it runs in a thread of its own that the
+    request stops waiting for at the deadline (the thread ends with the lookup)."""
+    try:
+        ipaddress.ip_address(host)
+        return [host]
+    except ValueError:
+        pass
+    answer: list[list[str] | OSError] = []
+    done = threading.Event()
+
+    def lookup() -> None:
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            answer.append([str(info[4][0]) for info in infos])
+        except OSError as exc:
+            answer.append(exc)
+        done.set()
+
+    threading.Thread(target=lookup, name="provider-resolve", daemon=True).start()
+    if not done.wait(timeout):
+        raise httpcore.ConnectTimeout("name resolution outlasted the request's deadline")
+    [result] = answer
+    if isinstance(result, OSError):
+        raise httpcore.ConnectError(type(result).__name__)
+    return result
+
+
 class _Backend(httpcore.NetworkBackend):
     def __init__(self) -> None:
         self._inner = httpcore.SyncBackend()
@@ -86,8 +119,21 @@ class _Backend(httpcore.NetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.NetworkStream:
-        bounded = _bounded(timeout, httpcore.ConnectTimeout)
-        return _Stream(self._inner.connect_tcp(host, port, bounded, local_address, socket_options))
+        """Resolve within the deadline, then try each address in turn with what is left
+        of it (TLS still names the host: httpcore passes it to `start_tls`)."""
+        addresses = _resolve(host, port, _bounded(timeout, httpcore.ConnectTimeout))
+        failure: Exception | None = None
+        for address in addresses:
+            bounded = _bounded(timeout, httpcore.ConnectTimeout)
+            try:
+                stream = self._inner.connect_tcp(
+                    address, port, bounded, local_address, socket_options
+                )
+            except httpcore.ConnectError as exc:
+                failure = exc
+                continue
+            return _Stream(stream)
+        raise failure or httpcore.ConnectError("no address")
 
     def connect_unix_socket(
         self,

@@ -10,6 +10,7 @@ from uuid import uuid4
 import pytest
 
 from inventory_pipeline.credentials import repository, service
+from inventory_pipeline.credentials.models import ProbeNotSent
 from inventory_pipeline.db import (
     Connection,
     LockNotAvailable,
@@ -185,6 +186,42 @@ def test_a_new_key_starts_its_own_failure_count(conn: Connection, client: TmdbCl
     assert row["probe_failures"] == 1
     wait = row["next_probe_at"] - datetime.now(UTC)  # type: ignore[operator]
     assert timedelta(minutes=14) < wait <= timedelta(minutes=30)
+
+
+def test_a_probe_without_admission_in_time_is_not_sent_and_earns_nothing(
+    conn: Connection, client: TmdbClient, standin: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The limiter has no slot within the probe's admission wait: the run does not fail,
+    no request goes out, the lease is given back and no outcome or backoff is kept."""
+    save(conn, TMDB_TEST_KEY)
+    f.auth_cases(conn, f.library(conn), 1)
+    execute(conn, "UPDATE provider_admission SET next_admission_at = now() + interval '1 hour'")
+    monkeypatch.setattr(service, "PROBE_ADMISSION_SECONDS", 0.5, raising=False)
+    sent = len(standin.state.paths)
+    result = service.verify(conn, client)
+    assert isinstance(result, ProbeNotSent), result
+    assert len(standin.state.paths) == sent
+    row = wakeup(conn)
+    assert (row["probe_lease_token"], row["last_outcome"], row["probe_failures"]) == (None, None, 0)
+    assert row["next_probe_at"] is None
+
+
+def test_a_probe_whose_lease_ran_out_during_admission_is_not_sent(
+    conn: Connection, client: TmdbClient, standin: StandIn
+) -> None:
+    """Admission waits past the probe's lease (one second here): the request is not
+    sent after the lease has lapsed."""
+    save(conn, TMDB_TEST_KEY)
+    f.auth_cases(conn, f.library(conn), 1)
+    claim = service.claim_probe(conn, lease_seconds=1)
+    assert claim is not None
+    execute(
+        conn,
+        "UPDATE provider_admission SET next_admission_at = clock_timestamp() + interval '1.5 s'",
+    )
+    sent = len(standin.state.paths)
+    assert isinstance(service.probe(conn, claim, client), ProbeNotSent)
+    assert len(standin.state.paths) == sent
 
 
 def test_throttle_survives_a_key_edit(
