@@ -52,6 +52,9 @@ WRONG_KEY = "chaos-wrong-key-9a8b7c"
 WAKEUP_RELEASE_LIMIT = 100
 WAKEUP_SPACING_SECONDS = 2
 WAKEUP_BACKOFF_SECONDS = (1, 4)
+# One release cycle: a case the release must take is taken within two batch spacings
+# (the cursor may have to wrap first) and a second of sampling.
+LATE_AUTH_RELEASE_SECONDS = 2 * WAKEUP_SPACING_SECONDS + 1
 # Authentication cases loaded at setup and again at this fraction of the run: more than
 # one batch, so the spacing is tested.
 AUTH_BACKLOG_CASES = 130

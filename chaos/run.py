@@ -38,6 +38,7 @@ from chaos.config import (
     EXPECTED_SQLSTATES,
     EXPECTED_WITHOUT_SQLSTATE,
     KILL_CHANCE,
+    LATE_AUTH_RELEASE_SECONDS,
     MAX_DIRTY_SECONDS,
     MAX_QUIESCE_SECONDS,
     MAX_RECLAIM_SHARE,
@@ -249,6 +250,8 @@ class FreshnessWatch(threading.Thread):
         self.rng = random.Random(1)
         self.seen: dict[str, None] = {}  # in the order first seen
         self.done = threading.Event()
+        # Late authentication cases (invariants.LATE_AUTH_CASES) by when first sampled.
+        self.late_auth: dict[tuple[int, object, object], float] = {}
 
     def run(self) -> None:
         conn: Connection | None = None
@@ -258,10 +261,24 @@ class FreshnessWatch(threading.Thread):
                     conn = connect(self.url, application_name="chaos.harness")
                 self.seen.update(dict.fromkeys(invariants.current_while_owed(conn)))
                 self.seen.update(dict.fromkeys(stats_oracle.check_current(conn, self.rng)))
+                self.seen.update(dict.fromkeys(self._late_auth(conn)))
             except DatabaseError:
                 continue  # a restart: sample again in a second
         if conn is not None:
             conn.close()
+
+    def _late_auth(self, conn: Connection) -> list[str]:
+        """A late authentication case still waiting one release cycle (two batch
+        spacings and a second) after it was first sampled."""
+        now = time.monotonic()
+        cases = invariants.late_auth_cases(conn)
+        self.late_auth = {case: self.late_auth.get(case, now) for case in cases}
+        return [
+            f"item {case[0]}: authentication case of an older key's request not released"
+            " within one release cycle"
+            for case, first in self.late_auth.items()
+            if now - first > LATE_AUTH_RELEASE_SECONDS
+        ]
 
     def stop(self) -> list[str]:
         self.done.set()
@@ -659,6 +676,7 @@ def _checks(conn: Connection, report: Report, harness: Harness) -> list[str]:
     out += invariants.wakeups(conn, WAKEUP_RELEASE_LIMIT, WAKEUP_SPACING_SECONDS)
     out += invariants.nothing_stuck(conn)
     out += invariants.malformed_identities(conn)
+    out += invariants.item_records_have_items(conn)
     out += replacements.checks(conn)
     out += judge_errors(report.worker_errors)
     out += [f"write refused: {line}" for line in report.unexpected_refusals]

@@ -27,6 +27,7 @@ from chaos.config import (
 from inventory_pipeline.credentials import service as credentials
 from inventory_pipeline.credentials.models import ProbeNotSent
 from inventory_pipeline.db import Connection, DatabaseUnavailable, connect, execute
+from inventory_pipeline.db.connection import ERROR_CLASSES
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.profiles.generator import generate_profile
 from inventory_pipeline.provider.models import Failure, FetchResult, FindAnswer
@@ -41,6 +42,13 @@ IDLE_SECONDS = 0.2
 MAX_RESTART_PAUSE_SECONDS = 3.2
 PLANNER_TICK_SECONDS = 1.0
 Step = Callable[[Connection], bool]  # True when the step found work
+
+
+# The class names of every database error: an attempt's `error` naming one of them was
+# recorded from the database, not from the provider.
+DATABASE_ERRORS = frozenset(
+    {"DatabaseError", "DatabaseUnavailable", *(cls.__name__ for cls in ERROR_CLASSES.values())}
+)
 
 
 def declare(conn: Connection, token: UUID) -> None:
@@ -118,7 +126,15 @@ def observer(provider_url: str) -> Step:
         settings = recovery.provider_settings(conn)
         for claim in claims:
             declare(conn, claim.lease_token)
-            recovery.observe_claim(conn, claim, client, settings, RETRY_POLICY)
+            result = recovery.observe_claim(conn, claim, client, settings, RETRY_POLICY)
+            if result.outcome == "failed" and result.error in DATABASE_ERRORS:
+                # A database error is never a provider outcome: this line fails the run.
+                print(
+                    f"observer: CaseFromDatabaseError: item {result.item_id}:"
+                    f" {result.category} recorded from {result.error}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         return bool(claims)
 
     return step

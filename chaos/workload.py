@@ -52,6 +52,7 @@ from inventory_pipeline.db import (
     fetch_all,
     fetch_one,
     jsonb,
+    transaction,
 )
 from inventory_pipeline.db.connection import translate_errors
 from inventory_pipeline.provider.standin import StandIn
@@ -479,6 +480,54 @@ class Workload:
         execute(writer, "TRUNCATE media_server_items")
         self._resync(writer)
 
+    def writer_batch(self) -> None:
+        """A sync program's transaction over several items of one library, one statement
+        each, in an order of its own and a moment apart: its first captured statement
+        holds the library's inventory state to its commit, its next ones lock more items.
+        The items were made due first (a new title each, committed), so observations of
+        them complete meanwhile and write their language back, which needs that state."""
+        libraries = self._library_ids()
+        if not libraries:
+            return
+        rows = fetch_all(
+            self.conn,
+            "SELECT id FROM media_server_items WHERE library_id = %s AND provider = 'tmdb'"
+            " ORDER BY id LIMIT 8",
+            (self.rng.choice(libraries),),
+        )
+        ids = [int(r["id"]) for r in rows]
+        if len(ids) < 2:
+            return
+        ids = self.rng.sample(ids, self.rng.randint(2, min(4, len(ids))))
+        writer = self._writer()
+        execute(
+            writer,
+            "UPDATE media_server_items SET title = title || '.' WHERE id = ANY(%s)",
+            (ids,),
+        )
+        time.sleep(self.rng.uniform(0.2, 1.5))  # the observer takes them meanwhile
+        with transaction(writer):
+            for item_id in ids:
+                execute(
+                    writer,
+                    "UPDATE media_server_items SET rating = %s, original_language = %s"
+                    " WHERE id = %s",
+                    (round(self.rng.uniform(0, 10), 1), self.rng.choice(("xx", "yy")), item_id),
+                )
+                time.sleep(self.rng.uniform(0.05, 0.3))
+
+    def writer_rekey(self) -> None:
+        """An UPDATE that gives items new ids (a sync re-keying its rows), half the time
+        into another library: a delete of the old rows and an insert of new ones."""
+        target = self.rng.choice(self._library_ids()) if self.rng.random() < 0.5 else None
+        execute(
+            self._writer(),
+            "UPDATE media_server_items"
+            " SET id = nextval(pg_get_serial_sequence('media_server_items', 'id')),"
+            " library_id = coalesce(%s, library_id) WHERE id = ANY(%s)",
+            (target, self._item_ids(self.rng.randint(1, 2))),
+        )
+
     def _incoming(self) -> list[dict[str, Any]]:
         """Rows of a sync: some name existing items by id (updates), some are new."""
         library = self.rng.choice(self._library_ids())
@@ -823,6 +872,18 @@ class Workload:
         """An operator decides the proposals awaiting review."""
         self.reviewed.update(replacements.review(self.conn, self.rng))
 
+    def rotate_key(self) -> None:
+        """The operator saves a wrong key and corrects it a moment later: observations
+        sent with the wrong key are still in flight (or stalled) when the corrected key
+        is verified, and their 401s arrive after the verification."""
+        for key in (WRONG_KEY, API_KEY):
+            execute(
+                self.conn,
+                "UPDATE provider_settings SET api_key = %s WHERE provider = 'tmdb'",
+                (key,),
+            )
+            time.sleep(self.rng.uniform(0.3, 1.0))
+
     def edit_key(self) -> None:
         key = API_KEY if self.rng.random() < 0.6 else WRONG_KEY
         execute(
@@ -885,6 +946,9 @@ class Workload:
             ("writer_upsert", self.writer_upsert, 2),
             ("writer_merge", self.writer_merge, 2),
             ("writer_copy", self.writer_copy, 2),
+            ("writer_batch", self.writer_batch, 3),
+            ("writer_rekey", self.writer_rekey, 1),
+            ("rotate_key", self.rotate_key, 0.5),
             ("merge", self.merge, 2),
             ("review", self.review, 2),
         ]
