@@ -13,6 +13,14 @@ SELECT stats_projection_statement_budget(%(stage)s) AS budget_ms,
        CASE WHEN %(async_commit)s::boolean
             THEN set_config('synchronous_commit', 'off', true) END AS async_commit;
 
+-- name: stage_budget
+-- A stage's statement budget as the settings row holds it (read only: arming it is
+-- arm_stage's).
+SELECT CASE %(stage)s WHEN 'claim' THEN claim_budget_ms
+                      WHEN 'compute' THEN compute_budget_ms
+                      WHEN 'publish' THEN publish_budget_ms END AS budget_ms
+FROM stats_projection_worker_settings WHERE id = 1;
+
 -- name: claim_stage
 -- The claim stage as one call: no row when nothing was claimed.
 SELECT claim_run_id, claim_job_id, claim_user_id, claim_lease_token, claim_target_version,

@@ -8,6 +8,7 @@ from uuid import UUID
 
 from inventory_pipeline.db import (
     Connection,
+    QueryCanceled,
     Row,
     execute,
     fetch_all,
@@ -87,6 +88,19 @@ def _answer(row: Row | None, name: str) -> Row:
     if row is None:
         raise LookupError(f"stats query {name} returned no row")
     return row
+
+
+def budget_spent(conn: Connection, stage: str, canceled: QueryCanceled) -> bool:
+    """Did a canceled stage call run for its whole statement budget (its timeout, not a
+    client's or operator's cancel)? The call's time is measured by the client, from
+    before it was sent to its error."""
+    row = fetch_one(conn, QUERIES["stage_budget"], {"stage": stage})
+    budget = None if row is None else row["budget_ms"]
+    return (
+        canceled.elapsed_ms is not None
+        and budget is not None
+        and (canceled.elapsed_ms >= float(budget))
+    )
 
 
 def claim_stage(

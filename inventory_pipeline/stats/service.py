@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Literal
 from uuid import UUID
 
-from inventory_pipeline.db import TRANSIENT, Connection, savepoint
+from inventory_pipeline.db import TRANSIENT, Connection, QueryCanceled, savepoint
 from inventory_pipeline.stats import rebuild
 from inventory_pipeline.stats import repository as repo
 from inventory_pipeline.stats.models import (
@@ -156,8 +156,18 @@ def process_user(conn: Connection, user_id: UUID, lock_owner: str) -> AccountRes
         if claimed is None:
             remaining = repo.remaining_users(conn, user_id)
             return AccountResult(user_id, "idle", None, remaining > 0, remaining)
-        computed = compute(conn, claimed)
-        publication = publish(conn, claimed) if computed.status == "computed" else None
+        stage = "compute"
+        try:
+            computed = compute(conn, claimed)
+            stage = "publish"
+            publication = publish(conn, claimed) if computed.status == "computed" else None
+        except QueryCanceled as canceled:
+            # The budget can run out before the stage's own handler is entered (while
+            # the call is planned or starts): the same answer as when it is caught there.
+            if not repo.budget_spent(conn, stage, canceled):
+                raise
+            outcome = "worker_timed_out"
+            subtransaction.rollback()
         if publication is not None and publication.status in ("published", "rejected"):
             outcome = "published" if publication.status == "published" else "rejected"
             generation = claimed.target_version
