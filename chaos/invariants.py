@@ -366,10 +366,12 @@ def item_records_have_items(conn: Connection) -> list[str]:
 # Open authentication cases recorded with another credential generation than the
 # verified one, after its verification (a request sent with an older key answered 401
 # late), that the release would take by every other rule (the product's own test with no
-# time limit): docs/credentials.md#release says they are released with the verified
-# generation's cases.
+# time limit), and whether the release's own test takes them now: docs/credentials.md
+# says they are released with the verified generation's cases.
 LATE_AUTH_CASES = """
-SELECT i.id, i.recovery_case_id, i.recovery_last_failed_at
+SELECT i.id, i.recovery_case_id, i.recovery_last_failed_at,
+       authentication_case_releasable(i, l, m, w.verified_at, w.verified_generation)
+           AS releasable
 FROM media_server_items i
 JOIN libraries l ON l.id = i.library_id
 JOIN media_servers m ON m.id = l.server_id
@@ -381,9 +383,10 @@ WHERE w.verified_generation IS NOT NULL
 """
 
 
-def late_auth_cases(conn: Connection) -> list[tuple[int, object, object]]:
+def late_auth_cases(conn: Connection) -> list[tuple[tuple[int, object, object], bool]]:
+    """Each late authentication case, and whether the release would take it now."""
     return [
-        (int(r["id"]), r["recovery_case_id"], r["recovery_last_failed_at"])
+        ((int(r["id"]), r["recovery_case_id"], r["recovery_last_failed_at"]), r["releasable"])
         for r in fetch_all(conn, LATE_AUTH_CASES)
     ]
 

@@ -268,12 +268,18 @@ class FreshnessWatch(threading.Thread):
             conn.close()
 
     def _late_auth(self, conn: Connection) -> list[str]:
-        """A late authentication case still waiting one release cycle (two batch
-        spacings and a second) after it was first sampled."""
+        """A late authentication case the release would pass by, or one still waiting
+        one release cycle (two batch spacings and a second) after it was first sampled."""
         now = time.monotonic()
         cases = invariants.late_auth_cases(conn)
-        self.late_auth = {case: self.late_auth.get(case, now) for case in cases}
-        return [
+        self.late_auth = {case: self.late_auth.get(case, now) for case, _ in cases}
+        out = [
+            f"item {case[0]}: authentication case of an older key's request, failed after"
+            " the current key was verified, is not releasable"
+            for case, releasable in cases
+            if not releasable
+        ]
+        return out + [
             f"item {case[0]}: authentication case of an older key's request not released"
             " within one release cycle"
             for case, first in self.late_auth.items()

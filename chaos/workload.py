@@ -482,39 +482,45 @@ class Workload:
 
     def writer_batch(self) -> None:
         """A sync program's transaction over several items of one library, one statement
-        each, in an order of its own and a moment apart: its first captured statement
-        holds the library's inventory state to its commit, its next ones lock more items.
-        The items were made due first (a new title each, committed), so observations of
-        them complete meanwhile and write their language back, which needs that state."""
-        libraries = self._library_ids()
-        if not libraries:
-            return
+        each, a moment apart: its first captured statement holds the library's inventory
+        state to its commit, its later ones lock more items. Its last item is one an
+        observer holds a claim on, if any: that observation completes meanwhile and
+        writes its language back, which needs the state this transaction holds."""
+        claimed = fetch_one(
+            self.conn,
+            "SELECT id, library_id FROM media_server_items"
+            " WHERE observation_lease_token IS NOT NULL AND observation_lease_expires_at > now()"
+            " ORDER BY observation_lease_expires_at DESC LIMIT 1",
+        )
+        if claimed is not None:
+            library, last = int(claimed["library_id"]), [int(claimed["id"])]
+        else:
+            libraries = self._library_ids()
+            if not libraries:
+                return
+            library, last = self.rng.choice(libraries), []
         rows = fetch_all(
             self.conn,
-            "SELECT id FROM media_server_items WHERE library_id = %s AND provider = 'tmdb'"
+            "SELECT id FROM media_server_items WHERE library_id = %s AND NOT id = ANY(%s)"
             " ORDER BY id LIMIT 8",
-            (self.rng.choice(libraries),),
+            (library, last),
         )
-        ids = [int(r["id"]) for r in rows]
-        if len(ids) < 2:
+        others = [int(r["id"]) for r in rows]
+        if not others:
             return
-        ids = self.rng.sample(ids, self.rng.randint(2, min(4, len(ids))))
+        ids = self.rng.sample(others, self.rng.randint(1, min(3, len(others)))) + last
         writer = self._writer()
-        execute(
-            writer,
-            "UPDATE media_server_items SET title = title || '.' WHERE id = ANY(%s)",
-            (ids,),
-        )
-        time.sleep(self.rng.uniform(0.2, 1.5))  # the observer takes them meanwhile
         with transaction(writer):
-            for item_id in ids:
+            for n, item_id in enumerate(ids):
                 execute(
                     writer,
                     "UPDATE media_server_items SET rating = %s, original_language = %s"
                     " WHERE id = %s",
                     (round(self.rng.uniform(0, 10), 1), self.rng.choice(("xx", "yy")), item_id),
                 )
-                time.sleep(self.rng.uniform(0.05, 0.3))
+                # After the first statement the state is held: the claimed item's
+                # observation completes meanwhile, while this transaction goes on.
+                time.sleep(self.rng.uniform(0.3, 1.0) if n == 0 else self.rng.uniform(0.05, 0.2))
 
     def writer_rekey(self) -> None:
         """An UPDATE that gives items new ids (a sync re-keying its rows), half the time
@@ -616,11 +622,8 @@ class Workload:
         writable = [u for u in self.users if u not in self.emptied]
         user = user or self.rng.choice(writable)
         known = self.sessions[user]
-        if edit and known:
-            session_id = self.rng.choice(known)
-        else:
-            session_id = uuid.UUID(int=self.rng.getrandbits(128))
-            known.append(session_id)
+        new = not (edit and known)
+        session_id = uuid.UUID(int=self.rng.getrandbits(128)) if new else self.rng.choice(known)
         day = self.today - timedelta(days=self.rng.randint(0, 400))
         payload = {
             "id": str(session_id),
@@ -629,6 +632,8 @@ class Workload:
             "sets": self._sets(user),
         }
         execute(self.conn, "SELECT save_training_session(%s, %s)", (user, jsonb(payload)))
+        if new:  # known once saved: a refused save (a lock timeout, a restart) made none
+            known.append(session_id)
 
     def delete_session(self) -> None:
         user = self.rng.choice(self.users)
@@ -873,16 +878,16 @@ class Workload:
         self.reviewed.update(replacements.review(self.conn, self.rng))
 
     def rotate_key(self) -> None:
-        """The operator saves a wrong key and corrects it a moment later: observations
-        sent with the wrong key are still in flight (or stalled) when the corrected key
-        is verified, and their 401s arrive after the verification."""
+        """The operator saves a wrong key and corrects it a second or three later:
+        observations sent with the wrong key are still in flight (or stalled) when the
+        corrected key is verified, and their 401s arrive after the verification."""
         for key in (WRONG_KEY, API_KEY):
             execute(
                 self.conn,
                 "UPDATE provider_settings SET api_key = %s WHERE provider = 'tmdb'",
                 (key,),
             )
-            time.sleep(self.rng.uniform(0.3, 1.0))
+            time.sleep(self.rng.uniform(1.0, 3.0))
 
     def edit_key(self) -> None:
         key = API_KEY if self.rng.random() < 0.6 else WRONG_KEY
@@ -948,7 +953,7 @@ class Workload:
             ("writer_copy", self.writer_copy, 2),
             ("writer_batch", self.writer_batch, 3),
             ("writer_rekey", self.writer_rekey, 1),
-            ("rotate_key", self.rotate_key, 0.5),
+            ("rotate_key", self.rotate_key, 2),
             ("merge", self.merge, 2),
             ("review", self.review, 2),
         ]
