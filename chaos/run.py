@@ -242,7 +242,9 @@ class DirtyClock(threading.Thread):
 class FreshnessWatch(threading.Thread):
     """Samples, once a second, whether the product calls any user's stats current while
     a range of theirs is owed, and whether users it calls current read what their facts
-    say (a few drawn each time); keeps every such observation."""
+    say (a few drawn each time); late authentication cases; records kept by the id of an
+    item that no longer exists (a later truncate would hide them from the final check).
+    Keeps every such observation."""
 
     def __init__(self, url: str) -> None:
         super().__init__(daemon=True)
@@ -262,6 +264,7 @@ class FreshnessWatch(threading.Thread):
                 self.seen.update(dict.fromkeys(invariants.current_while_owed(conn)))
                 self.seen.update(dict.fromkeys(stats_oracle.check_current(conn, self.rng)))
                 self.seen.update(dict.fromkeys(self._late_auth(conn)))
+                self.seen.update(dict.fromkeys(invariants.item_records_have_items(conn)))
             except DatabaseError:
                 continue  # a restart: sample again in a second
         if conn is not None:

@@ -482,56 +482,94 @@ class Workload:
 
     def writer_batch(self) -> None:
         """A sync program's transaction over several items of one library, one statement
-        each, a moment apart: its first captured statement holds the library's inventory
-        state to its commit, its later ones lock more items. Its last item is one an
-        observer holds a claim on, if any: that observation completes meanwhile and
-        writes its language back, which needs the state this transaction holds."""
-        claimed = fetch_one(
+        each, a moment apart, timed to cross an observation's completion: its first
+        captured statement holds the library's inventory state to its commit, and its
+        last one writes an item an observer is completing meanwhile. That item was made
+        due with a language the provider will correct (so its completion needs the state
+        too) and is answered a little late by the stand-in (when no other fault holds it),
+        so the observer's completion comes while this transaction holds the state and
+        before it writes the item."""
+        targets = fetch_all(
             self.conn,
-            "SELECT id, library_id FROM media_server_items"
-            " WHERE observation_lease_token IS NOT NULL AND observation_lease_expires_at > now()"
-            " ORDER BY observation_lease_expires_at DESC LIMIT 1",
+            "SELECT i.id, i.library_id, i.provider_id FROM media_server_items i"
+            " JOIN libraries l ON l.id = i.library_id AND l.active"
+            " WHERE i.provider = 'tmdb' AND i.provider_kind IN ('movie', 'tv')"
+            " AND i.provider_id ~ '^[1-9][0-9]{0,8}$' AND i.observation_lease_token IS NULL"
+            " AND EXISTS (SELECT 1 FROM media_server_items o"
+            "             WHERE o.library_id = i.library_id AND o.id <> i.id)"
+            " ORDER BY i.id LIMIT 50",
         )
-        if claimed is not None:
-            library, last = int(claimed["library_id"]), [int(claimed["id"])]
-        else:
-            libraries = self._library_ids()
-            if not libraries:
-                return
-            library, last = self.rng.choice(libraries), []
+        if not targets:
+            return
+        target = self.rng.choice(targets)
+        item, library = int(target["id"]), int(target["library_id"])
         rows = fetch_all(
             self.conn,
-            "SELECT id FROM media_server_items WHERE library_id = %s AND NOT id = ANY(%s)"
+            "SELECT id FROM media_server_items WHERE library_id = %s AND id <> %s"
             " ORDER BY id LIMIT 8",
-            (library, last),
+            (library, item),
         )
         others = [int(r["id"]) for r in rows]
         if not others:
             return
-        ids = self.rng.sample(others, self.rng.randint(1, min(3, len(others)))) + last
         writer = self._writer()
-        with transaction(writer):
-            for n, item_id in enumerate(ids):
-                execute(
-                    writer,
-                    "UPDATE media_server_items SET rating = %s, original_language = %s"
-                    " WHERE id = %s",
-                    (round(self.rng.uniform(0, 10), 1), self.rng.choice(("xx", "yy")), item_id),
-                )
-                # After the first statement the state is held: the claimed item's
-                # observation completes meanwhile, while this transaction goes on.
-                time.sleep(self.rng.uniform(0.3, 1.0) if n == 0 else self.rng.uniform(0.05, 0.2))
+        # Due now (a new title), with a language the answer will change.
+        execute(
+            writer,
+            "UPDATE media_server_items SET title = title || '.', original_language = 'zz'"
+            " WHERE id = %s",
+            (item,),
+        )
+        slowed = None
+        if self.standin.state.fault is None:
+            self.standin.set_fault("slow", delay=0.5, ids=[int(target["provider_id"])])
+            slowed = self.standin.state.fault
+        try:
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline and not fetch_one(
+                self.conn,
+                "SELECT 1 FROM media_server_items WHERE id = %s"
+                " AND observation_lease_token IS NOT NULL",
+                (item,),
+            ):
+                time.sleep(0.05)
+            ids = [*self.rng.sample(others, self.rng.randint(1, min(3, len(others)))), item]
+            with transaction(writer):
+                for n, item_id in enumerate(ids):
+                    execute(
+                        writer,
+                        "UPDATE media_server_items SET rating = %s, original_language = %s"
+                        " WHERE id = %s",
+                        (round(self.rng.uniform(0, 10), 1), self.rng.choice(("xx", "yy")), item_id),
+                    )
+                    # The state is held from the first statement on; the observer's
+                    # answer comes meanwhile.
+                    time.sleep(self.rng.uniform(0.6, 1.0) if n == 0 else 0.05)
+        finally:
+            if slowed is not None and self.standin.state.fault is slowed:
+                self.standin.clear_fault()
 
     def writer_rekey(self) -> None:
         """An UPDATE that gives items new ids (a sync re-keying its rows), half the time
         into another library: a delete of the old rows and an insert of new ones."""
         target = self.rng.choice(self._library_ids()) if self.rng.random() < 0.5 else None
+        observed = [
+            int(r["item_id"])
+            for r in fetch_all(self.conn, "SELECT item_id FROM provider_observations ORDER BY 1")
+        ]
+        count = self.rng.randint(1, 2)
+        # Mostly items with records kept by id, which must go with the old id.
+        ids = (
+            self.rng.sample(observed, min(count, len(observed)))
+            if observed and self.rng.random() < 0.8
+            else self._item_ids(count)
+        )
         execute(
             self._writer(),
             "UPDATE media_server_items"
             " SET id = nextval(pg_get_serial_sequence('media_server_items', 'id')),"
             " library_id = coalesce(%s, library_id) WHERE id = ANY(%s)",
-            (target, self._item_ids(self.rng.randint(1, 2))),
+            (target, ids),
         )
 
     def _incoming(self) -> list[dict[str, Any]]:
@@ -951,7 +989,7 @@ class Workload:
             ("writer_upsert", self.writer_upsert, 2),
             ("writer_merge", self.writer_merge, 2),
             ("writer_copy", self.writer_copy, 2),
-            ("writer_batch", self.writer_batch, 3),
+            ("writer_batch", self.writer_batch, 1.5),
             ("writer_rekey", self.writer_rekey, 1),
             ("rotate_key", self.rotate_key, 2),
             ("merge", self.merge, 2),
