@@ -484,55 +484,50 @@ class Workload:
         """A sync program's transaction over several items of one library, one statement
         each, a moment apart, timed to cross an observation's completion: its first
         captured statement holds the library's inventory state to its commit, and its
-        last one writes an item an observer is completing meanwhile. That item was made
-        due with a language the provider will correct (so its completion needs the state
-        too) and is answered a little late by the stand-in (when no other fault holds it),
-        so the observer's completion comes while this transaction holds the state and
-        before it writes the item."""
-        targets = fetch_all(
-            self.conn,
-            "SELECT i.id, i.library_id, i.provider_id FROM media_server_items i"
-            " JOIN libraries l ON l.id = i.library_id AND l.active"
-            " WHERE i.provider = 'tmdb' AND i.provider_kind IN ('movie', 'tv')"
-            " AND i.provider_id ~ '^[1-9][0-9]{0,8}$' AND i.observation_lease_token IS NULL"
-            " AND EXISTS (SELECT 1 FROM media_server_items o"
-            "             WHERE o.library_id = i.library_id AND o.id <> i.id)"
-            " ORDER BY i.id LIMIT 50",
-        )
-        if not targets:
-            return
-        target = self.rng.choice(targets)
-        item, library = int(target["id"]), int(target["library_id"])
-        rows = fetch_all(
-            self.conn,
-            "SELECT id FROM media_server_items WHERE library_id = %s AND id <> %s"
-            " ORDER BY id LIMIT 8",
-            (library, item),
-        )
-        others = [int(r["id"]) for r in rows]
-        if not others:
-            return
-        writer = self._writer()
-        # Due now (a new title), with a language the answer will change.
-        execute(
-            writer,
-            "UPDATE media_server_items SET title = title || '.', original_language = 'zz'"
-            " WHERE id = %s",
-            (item,),
-        )
-        slowed = None
-        if self.standin.state.fault is None:
-            self.standin.set_fault("slow", delay=0.5, ids=[int(target["provider_id"])])
-            slowed = self.standin.state.fault
+        last one writes an item an observer has claimed and completes meanwhile. The
+        stand-in answers 0.4 s late meanwhile (unless a storm holds it), so an observer's
+        batch of claims stays open for a second or more, and the claimed item's language
+        is set to one the answer corrects, so its completion needs the state too."""
+        previous = self.standin.state.fault
+        if not self.storm_left:
+            self.standin.set_fault("slow", delay=0.4)
+        slowed = self.standin.state.fault
         try:
             deadline = time.monotonic() + 2.0
-            while time.monotonic() < deadline and not fetch_one(
+            claimed = None
+            while claimed is None and time.monotonic() < deadline:
+                claimed = fetch_one(
+                    self.conn,
+                    "SELECT i.id, i.library_id FROM media_server_items i"
+                    " WHERE i.observation_lease_token IS NOT NULL"
+                    " AND i.observation_lease_expires_at > now() + interval '1 second'"
+                    " AND EXISTS (SELECT 1 FROM media_server_items o"
+                    "             WHERE o.library_id = i.library_id AND o.id <> i.id)"
+                    " ORDER BY i.observation_due_at DESC, i.id DESC LIMIT 1",
+                )
+                if claimed is None:
+                    time.sleep(0.05)
+            if claimed is None:  # no observer at work: any item
+                items = fetch_all(self.conn, "SELECT id, library_id FROM media_server_items")
+                if not items:
+                    return
+                claimed = self.rng.choice(sorted(items, key=lambda r: int(r["id"])))
+            item, library = int(claimed["id"]), int(claimed["library_id"])
+            rows = fetch_all(
                 self.conn,
-                "SELECT 1 FROM media_server_items WHERE id = %s"
-                " AND observation_lease_token IS NOT NULL",
+                "SELECT id FROM media_server_items WHERE library_id = %s AND id <> %s"
+                " ORDER BY id LIMIT 8",
+                (library, item),
+            )
+            others = [int(r["id"]) for r in rows]
+            if not others:
+                return
+            writer = self._writer()
+            execute(
+                writer,
+                "UPDATE media_server_items SET original_language = 'zz' WHERE id = %s",
                 (item,),
-            ):
-                time.sleep(0.05)
+            )
             ids = [*self.rng.sample(others, self.rng.randint(1, min(3, len(others)))), item]
             with transaction(writer):
                 for n, item_id in enumerate(ids):
@@ -542,12 +537,13 @@ class Workload:
                         " WHERE id = %s",
                         (round(self.rng.uniform(0, 10), 1), self.rng.choice(("xx", "yy")), item_id),
                     )
-                    # The state is held from the first statement on; the observer's
+                    # The state is held from the first statement on; the claimed item's
                     # answer comes meanwhile.
-                    time.sleep(self.rng.uniform(0.6, 1.0) if n == 0 else 0.05)
+                    time.sleep(self.rng.uniform(0.8, 1.2) if n == 0 else 0.05)
         finally:
-            if slowed is not None and self.standin.state.fault is slowed:
-                self.standin.clear_fault()
+            if self.standin.state.fault is slowed:
+                with self.standin.state.lock:
+                    self.standin.state.fault = previous
 
     def writer_rekey(self) -> None:
         """An UPDATE that gives items new ids (a sync re-keying its rows), half the time
