@@ -177,6 +177,7 @@ def _translated(exc: psycopg.Error, elapsed_ms: float | None = None) -> Database
     if cls is None:
         cls = DatabaseUnavailable if _session_gone(exc) else DatabaseError
     error = cls(message, exc.sqlstate)
+    error.constraint = exc.diag.constraint_name
     if isinstance(error, QueryCanceled):
         error.elapsed_ms = elapsed_ms
     return error

@@ -17,6 +17,9 @@ class DatabaseError(Exception):
         # The server's five-character error code (None when the client detected the
         # failure itself, e.g. a refused or dropped connection).
         self.sqlstate = sqlstate
+        # The constraint that refused a row, when the server named one: callers map it
+        # to the rule it keeps instead of showing its name.
+        self.constraint: str | None = None
 
 
 class DatabaseUnavailable(DatabaseError):

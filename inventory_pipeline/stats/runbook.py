@@ -20,6 +20,29 @@ from inventory_pipeline.stats.models import RetryOutcome, WorkerSettings
 SETTING_NAMES = tuple(f.name for f in fields(WorkerSettings) if f.name != "paused")
 
 
+# The rule each settings CHECK keeps, as an operator reads it (stats/schema.sql).
+SETTING_RULES = {
+    "stats_projection_worker_settings_claim_budget_ms_check": "the claim budget must be above 0",
+    "stats_projection_worker_settings_compute_budget_ms_check": (
+        "the compute budget must be above 0"
+    ),
+    "stats_projection_worker_settings_publish_budget_ms_check": (
+        "the publish budget must be above 0 and under 8 s, the save's deadline"
+    ),
+    "stats_projection_worker_settings_lease_seconds_check": "the lease must be above 0",
+    "stats_projection_worker_settings_active_lease_cap_check": (
+        "the active lease cap must be at least 1"
+    ),
+    "stats_projection_worker_settings_max_attempts_check": "attempts must be at least 1",
+    "stats_projection_worker_settings_retry_backoff_seconds_check": (
+        "the backoff must not be negative"
+    ),
+    "stats_settings_lease_covers_work": (
+        "the lease must cover the compute and publish budgets together"
+    ),
+}
+
+
 class RunbookError(ValueError):
     """The operator's request cannot be carried out (one line says why)."""
 
@@ -30,16 +53,19 @@ def settings(conn: Connection) -> WorkerSettings:
 
 def change_settings(conn: Connection, changes: dict[str, int | None]) -> WorkerSettings:
     """Change budgets, lease, cap, attempts or backoff; the settings table's CHECKs
-    decide what is allowed (publish below 8 s, the lease covering compute + publish)."""
+    decide what is allowed (publish below 8 s, the lease covering compute + publish),
+    and a refusal states the rule, not the constraint's name."""
     unknown = set(changes) - set(SETTING_NAMES)
     if unknown:
         raise RunbookError(f"unknown setting {sorted(unknown)[0]}")
     try:
         with transaction(conn):
             return repo.update_settings(conn, dict(changes))
-    except (CheckViolation, NumericValueOutOfRange) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else exc.sqlstate
-        raise RunbookError(f"settings refused: {first}") from None
+    except CheckViolation as exc:
+        rule = SETTING_RULES.get(exc.constraint or "", "a setting breaks the table's rules")
+        raise RunbookError(f"settings refused: {rule}") from None
+    except NumericValueOutOfRange:
+        raise RunbookError("settings refused: a value is too large") from None
 
 
 def pause(conn: Connection) -> WorkerSettings:

@@ -10,7 +10,7 @@ from datetime import date
 import pytest
 
 from inventory_pipeline import cli
-from inventory_pipeline.db import Connection, fetch_one
+from inventory_pipeline.db import Connection, fetch_all, fetch_one
 from inventory_pipeline.stats import runbook, service
 from tests import stats_factories as sf
 
@@ -95,10 +95,16 @@ def test_retry_an_exhausted_job(conn: Connection, user: uuid.UUID) -> None:
 def test_settings_respect_the_table_checks(conn: Connection) -> None:
     changed = runbook.change_settings(conn, {"compute_budget_ms": 30000, "active_lease_cap": 4})
     assert (changed.compute_budget_ms, changed.active_lease_cap) == (30000, 4)
-    with pytest.raises(runbook.RunbookError, match="settings refused"):
+    with pytest.raises(runbook.RunbookError) as refused:
         runbook.change_settings(conn, {"publish_budget_ms": 9000})
-    with pytest.raises(runbook.RunbookError, match="lease_covers_work"):
+    assert str(refused.value) == (
+        "settings refused: the publish budget must be above 0 and under 8 s, the save's deadline"
+    )
+    with pytest.raises(runbook.RunbookError) as refused:
         runbook.change_settings(conn, {"lease_seconds": 10})
+    assert str(refused.value) == (
+        "settings refused: the lease must cover the compute and publish budgets together"
+    )
     assert runbook.settings(conn) == changed
 
 
@@ -130,8 +136,8 @@ def test_cli_retry(command: Run, conn: Connection, user: uuid.UUID) -> None:
     [
         (["retry", "999999"], "no stats job 999999", 1),
         (["retry", "abc"], "must be a positive whole number", 2),
-        (["settings", "--publish-seconds", "9"], "settings refused", 1),
-        (["settings", "--lease-seconds", "5"], "stats_settings_lease_covers_work", 1),
+        (["settings", "--publish-seconds", "100"], "publish budget must be above 0 and under 8", 1),
+        (["settings", "--lease-seconds", "5"], "the lease must cover the compute and publish", 1),
         (["settings", "--compute-seconds", "-1"], "must be a number of seconds", 2),
         (["settings", "--compute-seconds", "nan"], "must be a number of seconds", 2),
         (["settings", "--active-leases", "0"], "must be a positive whole number", 2),
@@ -171,3 +177,18 @@ def test_status_command_reports_freshness(
     [line] = [x for x in out.splitlines() if x.startswith("stats freshness")]
     assert "1 users stale; 1 with an owed range" in line
     assert "1 exhausted jobs to retry" in line and line.endswith("worker PAUSED")
+
+
+def test_every_settings_check_has_a_rule_an_operator_reads(conn: Connection) -> None:
+    """A refusal states the rule, never a constraint's name: each CHECK of the settings
+    table has its sentence."""
+    names = {
+        r["conname"]
+        for r in fetch_all(
+            conn,
+            "SELECT conname FROM pg_constraint"
+            " WHERE conrelid = 'stats_projection_worker_settings'::regclass AND contype = 'c'"
+            " AND conname <> 'stats_projection_worker_settings_id_check'",
+        )
+    }
+    assert names == set(runbook.SETTING_RULES)
