@@ -58,7 +58,7 @@ def pr_overview_metadata(
     """What the PR overview asset shows after a drain published: the generations it
     published, and the standing backlog (users stale and owed, oldest waits, rollover)."""
     published = [
-        dg.TableRecord({"user": str(user)[:8], "generation": generation, "batches": batches})
+        dg.TableRecord({"user": str(user), "generation": generation, "batches": batches})
         for user, generation, batches in summary.published[:PUBLISHED_ROWS]
     ]
     return {

@@ -29,7 +29,8 @@ def test_sensor_drain_and_rebuild(
     context = dg.build_sensor_context(instance=instance, resources={"inventory_db": db})
     assert isinstance(stats_defs.stats_refresh_sensor(context), dg.SkipReason)
     sf.exercise(conn, "squat")
-    users = [uuid.uuid4() for _ in range(3)]
+    # Ids that share their first 8 characters, as the demo's users do.
+    users = [uuid.UUID(f"00000000-0000-4000-8000-{uuid.uuid4().hex[:12]}") for _ in range(3)]
     for u in users:
         sf.save(conn, u, date(2026, 3, 10), sf.sets(("squat", 100, 5)))
     request = stats_defs.stats_refresh_sensor(context)
@@ -50,7 +51,7 @@ def test_sensor_drain_and_rebuild(
     overview = by_asset["pr_overview"]
     assert overview["published_generations"].value == 3
     rows = overview["published"].value.records  # type: ignore[attr-defined]
-    assert sorted(r.data["user"] for r in rows) == sorted(str(u)[:8] for u in users)
+    assert sorted(r.data["user"] for r in rows) == sorted(str(u) for u in users)
     assert {r.data["generation"] for r in rows} == {1}
     assert overview["users_stale"].value == 0 and overview["users_owed"].value == 0
     assert all(sf.versions(conn, u) == (1, 1) for u in users)
