@@ -24,6 +24,7 @@ import json
 import time
 import weakref
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
@@ -301,17 +302,20 @@ def refresh_claimed_profiles(
                 context.log.warning(f"library {completion.library_id}: claim lost, nothing done")
             pending.append(completion)
             if len(pending) >= EVENT_BATCH:
-                log_completions(context, conn, pending)
+                log_completions(context, conn, pending, policy.stall_seconds)
                 pending.clear()
 
         run = service.refresh(conn, policy, budget, on_completion=record)
-        log_completions(context, conn, pending)
+        log_completions(context, conn, pending, policy.stall_seconds)
     counts = run.outcomes
     return dg.Output(counts["published"] + counts["removed"], metadata=counts)
 
 
 def log_completions(
-    context: dg.OpExecutionContext, conn: Connection, completions: Sequence[Completion]
+    context: dg.OpExecutionContext,
+    conn: Connection,
+    completions: Sequence[Completion],
+    stall_seconds: int,
 ) -> None:
     """One materialization per partition holding a published or removed library, then
     the check of every partition the batch touched, as the database sees it now."""
@@ -321,7 +325,7 @@ def log_completions(
     labels = service.library_labels(conn, [c.library_id for c in done]) if done else {}
     for event in range_materializations(done, labels):
         context.log_event(event)
-    log_check_evaluations(context, conn, [c.library_id for c in completions])
+    log_check_evaluations(context, conn, [c.library_id for c in completions], stall_seconds)
 
 
 @dg.job(
@@ -474,7 +478,7 @@ def library_profile(
             yield dg.MaterializeResult(metadata=summaries[lows[0]])
         if not check_step or failed:
             # A failed run skips the check step: the evaluation says what went wrong.
-            log_check_evaluations(context, conn, library_ids)
+            log_check_evaluations(context, conn, library_ids, inventory_db.policy().stall_seconds)
     if failed:
         raise dg.Failure(f"profiles not refreshed for libraries: {', '.join(failed)}")
 
@@ -500,35 +504,55 @@ def range_current_result(inventory_db: InventoryDatabase, low: int) -> dg.AssetC
     """The partition's check: passed only when every library of the range is current."""
     with inventory_db.connection() as conn:
         statuses = service.profile_status(conn, range_ids([low]))
-    passed, description, metadata = range_verdict(statuses)
-    return dg.AssetCheckResult(passed=passed, description=description, metadata=metadata)
+    verdict = range_verdict(statuses, inventory_db.policy().stall_seconds)
+    return dg.AssetCheckResult(
+        passed=verdict.passed,
+        severity=verdict.severity,
+        description=verdict.description,
+        metadata=verdict.metadata,
+    )
 
 
-def range_verdict(statuses: Sequence[ProfileStatus]) -> tuple[bool, str, dict[str, Any]]:
-    """The worst of a range's libraries: passed, why, and the counts behind it."""
+@dataclass(frozen=True)
+class RangeVerdict:
+    passed: bool
+    severity: dg.AssetCheckSeverity
+    description: str
+    metadata: dict[str, Any]
+
+
+def range_verdict(statuses: Sequence[ProfileStatus], stall_seconds: int) -> RangeVerdict:
+    """The worst of a range's libraries. A library behind only by changes younger than
+    the stall threshold is catching up: a warning, not an error (red means something is
+    wrong). The metadata are figures of the whole range, so its plots mean something."""
+    error, warn = dg.AssetCheckSeverity.ERROR, dg.AssetCheckSeverity.WARN
     if not statuses:
-        return False, "no library in this range", {"reason": "deleted", "libraries": 0}
+        return RangeVerdict(
+            False, error, "no library in this range", {"reason": "deleted", "libraries": 0}
+        )
     behind = [s for s in statuses if not s.current]
-    metadata: dict[str, Any] = {"libraries": len(statuses), "current": len(statuses) - len(behind)}
+    lags = [s.dirty_seconds for s in behind if s.dirty_seconds is not None]
+    metadata: dict[str, Any] = {
+        "libraries": len(statuses),
+        "current": len(statuses) - len(behind),
+        "behind": len(behind),
+        "oldest_lag_seconds": round(max(lags, default=0.0), 1),
+    }
     if not behind:
-        if len(statuses) == 1:
-            metadata.update(_check_metadata(statuses[0]))
         noun = "library" if len(statuses) == 1 else "libraries"
-        return True, f"{len(statuses)} {noun} current", metadata
+        return RangeVerdict(True, warn, f"{len(statuses)} {noun} current", metadata)
     named = "; ".join(f"library {s.library_id}: {s.reason}" for s in behind[:NAMED_LIBRARIES])
     more = f" and {len(behind) - NAMED_LIBRARIES} more" if len(behind) > NAMED_LIBRARIES else ""
     metadata["not_current"] = ", ".join(str(s.library_id) for s in behind)
-    metadata.update(_check_metadata(behind[0]))
-    return False, f"{named}{more}", metadata
-
-
-def _check_metadata(status: ProfileStatus) -> dict[str, int]:
-    return {
-        "revision": status.revision,
-        "acknowledged_revision": status.acknowledged_revision,
-        "profile_revision": status.profile_revision or 0,
-        "items": status.items,
-    }
+    if all(s.catching_up(stall_seconds) for s in behind):
+        threshold = f"{stall_seconds // 60} min" if stall_seconds >= 60 else f"{stall_seconds} s"
+        return RangeVerdict(
+            False,
+            warn,
+            f"{named}{more}; catching up, within the {threshold} stall threshold",
+            metadata,
+        )
+    return RangeVerdict(False, error, f"{named}{more}", metadata)
 
 
 def target_materialization(
@@ -578,6 +602,7 @@ def log_check_evaluations(
     context: dg.OpExecutionContext | dg.AssetExecutionContext,
     conn: Connection,
     library_ids: Sequence[int],
+    stall_seconds: int,
 ) -> None:
     """Record the check of every partition a run touched, as the database sees all of
     its libraries now (one query), against the partition's latest materialization."""
@@ -588,16 +613,17 @@ def log_check_evaluations(
     targets = target_materializations(context.instance, [range_key(low) for low in lows])
     for low, statuses in by_range.items():
         partition = range_key(low)
-        passed, description, metadata = range_verdict(statuses)
+        verdict = range_verdict(statuses, stall_seconds)
         # AssetCheckEvaluation is accepted at run time; the annotation predates it.
         context.log_event(
             dg.AssetCheckEvaluation(  # type: ignore[arg-type]
                 asset_key=PROFILE_ASSET,
                 check_name=CHECK_NAME,
-                passed=passed,
+                passed=verdict.passed,
+                severity=verdict.severity,
                 partition=partition,
-                description=description,
-                metadata=metadata,
+                description=verdict.description,
+                metadata=verdict.metadata,
                 target_materialization_data=targets.get(partition),
             )
         )

@@ -183,6 +183,7 @@ class ProfileStatus:
     profile_revision: int | None
     item_count: int | None
     items: int
+    dirty_seconds: float | None = None  # since the first unacknowledged change; None: clean
 
     @property
     def current(self) -> bool:
@@ -192,6 +193,15 @@ class ProfileStatus:
         if self.items == 0:
             return self.profile_revision is None
         return self.profile_revision is not None and self.item_count == self.items
+
+    def catching_up(self, stall_seconds: int) -> bool:
+        """Behind only by changes younger than the stall threshold: the refresh has not
+        reached them yet, which is not an error."""
+        return (
+            self.acknowledged_revision < self.revision
+            and self.dirty_seconds is not None
+            and self.dirty_seconds < stall_seconds
+        )
 
     @property
     def reason(self) -> str | None:

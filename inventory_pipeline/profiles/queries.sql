@@ -376,9 +376,10 @@ SELECT count(*) AS libraries,
 FROM libraries;
 
 -- name: profile_status
--- Is each library's profile current with its revision?
+-- Is each library's profile current with its revision, and how long has it been dirty?
 SELECT s.library_id, s.revision, s.acknowledged_revision,
        p.inventory_revision AS profile_revision, p.item_count, p.generated_at,
+       extract(epoch FROM now() - s.dirty_since)::float8 AS dirty_seconds,
        (SELECT count(*) FROM media_server_items i WHERE i.library_id = s.library_id) AS items
 FROM library_inventory_state s
 LEFT JOIN library_profiles p ON p.library_id = s.library_id

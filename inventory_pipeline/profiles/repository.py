@@ -285,6 +285,7 @@ def profile_status(conn: Connection, library_ids: Sequence[int]) -> list[Profile
             profile_revision=r["profile_revision"],
             item_count=r["item_count"],
             items=r["items"],
+            dirty_seconds=r["dirty_seconds"],
         )
         for r in rows
     ]

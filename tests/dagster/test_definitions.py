@@ -263,8 +263,8 @@ def test_backfill_goes_through_outbox(
     # ...and fails once the inventory moves past the acknowledged revision.
     execute(conn, "UPDATE media_server_items SET rating = 2 WHERE library_id = %s", (lib,))
     stale = profile_defs.range_current_result(db, lib - lib % profile_defs.PARTITION_WIDTH)
-    assert not stale.passed
-    assert stale.metadata["revision"].value == 2
+    assert not stale.passed and stale.severity == dg.AssetCheckSeverity.WARN
+    assert stale.metadata["behind"].value == 1
 
 
 def test_backfill_of_inactive_library_fails_the_run(

@@ -267,14 +267,38 @@ def test_backfill_runs_the_check_step_against_the_new_materialization(
 
 
 def test_failed_check_says_why(conn: Connection, db_url: str) -> None:
+    """Behind by a fresh change is catching up: a warning, not red. Past the stall
+    threshold it is an error. The figures are the range's, not one library's."""
     lib = f.library(conn)
     f.items(conn, lib, 6)
     low = lib - lib % profile_defs.PARTITION_WIDTH
-    result = profile_defs.range_current_result(InventoryDatabase(url=db_url), low)
-    assert not result.passed
+    db = InventoryDatabase(url=db_url)
+    result = profile_defs.range_current_result(db, low)
+    assert not result.passed and result.severity == dg.AssetCheckSeverity.WARN
     assert result.description == (
+        f"library {lib}: inventory revision 1 not yet acknowledged (acknowledged 0);"
+        " catching up, within the 15 min stall threshold"
+    )
+    assert set(result.metadata) == {
+        "libraries",
+        "current",
+        "behind",
+        "oldest_lag_seconds",
+        "not_current",
+    }
+    assert result.metadata["behind"].value == 1
+    execute(
+        conn,
+        "UPDATE library_inventory_state SET dirty_since = now() - interval '16 minutes'"
+        " WHERE library_id = %s",
+        (lib,),
+    )
+    stalled = profile_defs.range_current_result(db, low)
+    assert not stalled.passed and stalled.severity == dg.AssetCheckSeverity.ERROR
+    assert stalled.description == (
         f"library {lib}: inventory revision 1 not yet acknowledged (acknowledged 0)"
     )
+    assert stalled.metadata["oldest_lag_seconds"].value >= 960
 
 
 def test_partition_keys_are_ranges_of_library_ids() -> None:
