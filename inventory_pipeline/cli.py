@@ -310,6 +310,11 @@ def _parser() -> argparse.ArgumentParser:
     dev.add_argument("--demo", action="store_true", help="load the demo inventory first")
     dev.add_argument("--host", default="127.0.0.1", help="webserver address (default loopback)")
     dev.add_argument("--port", type=_port, default=3000, help="webserver port (default 3000)")
+    dev.add_argument(
+        "--verbose",
+        action="store_true",
+        help="the daemon's full log (every sensor evaluation); default: warnings and errors",
+    )
     _command(
         sub,
         "migrate",
@@ -411,7 +416,10 @@ def _run_dagster(
     )
     location = ["-m", CODE_LOCATION]
     children.run("dagster instance migrate", [*INSTANCE_MIGRATE_COMMAND], env, timeout=300)
-    children.start("daemon", [*DAEMON_COMMAND, "run", *location], env)
+    # The daemon logs every sensor evaluation at INFO (a line every few seconds per
+    # sensor); a person reads `dev`'s terminal, so warnings and errors only unless asked.
+    quiet = [] if args.verbose else ["--log-level", "warning"]
+    children.start("daemon", [*DAEMON_COMMAND, "run", *quiet, *location], env)
     children.start(
         "webserver", [*WEBSERVER_COMMAND, "-h", args.host, "-p", str(args.port), *location], env
     )

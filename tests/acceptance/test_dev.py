@@ -124,6 +124,10 @@ def test_signal_stops_the_whole_tree(signum: int, tmp_path: Path, devs: list[Dev
     dev.wait_announced()
     postgres = dev.postgres()
     assert len(dev.tree()) >= 2 and alive(postgres)  # daemon, webserver (+ code servers)
+    # The daemon logs warnings and errors only: its INFO line for every sensor
+    # evaluation made the terminal unreadable (`dev --verbose` keeps it).
+    [daemon] = [p for p in dev.tree() if "dagster._daemon" in p.cmdline()]
+    assert "--log-level warning" in " ".join(daemon.cmdline())
 
     # A second `dev` on the same data folder (another port), or on the same Dagster
     # instance from another data folder, is refused with one line.
