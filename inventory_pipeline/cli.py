@@ -501,12 +501,16 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+STATUS_CASES = 5  # oldest open recovery cases `status` lists
+
+
 def _status(args: argparse.Namespace, settings: Settings) -> int:
     with reach(settings) as deployment, connect(deployment.app_url) as conn:
         overview = service.queue_overview(conn)
         due = recovery.due_items(conn)
         paused = recovery.admission_paused_seconds(conn)
         cases = recovery.case_overview(conn)
+        oldest_cases = recovery.oldest_open_cases(conn, STATUS_CASES)
         proposal_states = revalidation.overview(conn, limit=1).states
         key = recovery.provider_settings(conn)
         wakeup = credentials.status(conn)
@@ -523,6 +527,14 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
     if paused > 0:
         print(f"TMDb admission       paused {paused:.0f} s more (TMDb throttled)")
     print(f"open recovery cases  {sum(cases.values())} {cases or ''}".rstrip())
+    for case in oldest_cases:
+        label = recovery.item_label(case.title, case.provider_kind, case.provider_id)
+        next_at = case.next_attempt_at
+        print(
+            f"  item {case.item_id} {label} in {recovery.bounded(case.library, 40)}: "
+            f"{case.category}, {case.attempts} attempts, next "
+            f"{next_at.isoformat(timespec='seconds') if next_at else '-'}"
+        )
     if proposal_states:
         print(f"replacement proposals {proposal_states}")
     if wakeup is not None:

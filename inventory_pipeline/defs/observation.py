@@ -22,7 +22,7 @@ from inventory_pipeline.defs.resources import (
     run_in_flight,
 )
 from inventory_pipeline.recovery import service
-from inventory_pipeline.recovery.models import CaseAge
+from inventory_pipeline.recovery.models import CaseAge, OpenCase
 
 OBSERVATIONS = dg.AssetKey("provider_observations")
 OBSERVATION_QUEUE = "provider_observation"
@@ -61,6 +61,46 @@ def case_table(ages: list[CaseAge]) -> dg.TableMetadataValue:
     )
 
 
+OLDEST_CASES = 20  # open cases listed by the asset's `oldest_open_cases` table
+
+
+def oldest_case_table(cases: list[OpenCase]) -> dg.TableMetadataValue:
+    """The open cases failing longest: which items fail, found without reading logs."""
+    return dg.MetadataValue.table(
+        records=[
+            dg.TableRecord(
+                {
+                    "item": c.item_id,
+                    "title": c.title[:80],
+                    "library": c.library[:40],
+                    "tmdb_id": f"{c.provider_kind or '-'} {(c.provider_id or '')[:20]}",
+                    "category": c.category,
+                    "attempts": c.attempts,
+                    "failing_since": c.first_failed_at.isoformat(timespec="seconds"),
+                    "next_attempt": (
+                        c.next_attempt_at.isoformat(timespec="seconds")
+                        if c.next_attempt_at
+                        else "-"
+                    ),
+                }
+            )
+            for c in cases
+        ],
+        schema=dg.TableSchema(
+            columns=[
+                dg.TableColumn("item", "int"),
+                dg.TableColumn("title", "string"),
+                dg.TableColumn("library", "string"),
+                dg.TableColumn("tmdb_id", "string"),
+                dg.TableColumn("category", "string"),
+                dg.TableColumn("attempts", "int"),
+                dg.TableColumn("failing_since", "string"),
+                dg.TableColumn("next_attempt", "string"),
+            ]
+        ),
+    )
+
+
 @dg.op(tags={QUEUE_TAG: OBSERVATION_QUEUE})
 def observe_provider_items(
     context: dg.OpExecutionContext, inventory_db: InventoryDatabase, tmdb: TmdbResource
@@ -76,8 +116,10 @@ def observe_provider_items(
     summary = service.observe_due(inventory_db.url, tmdb.settings(), report)
     with inventory_db.connection() as conn:
         ages = service.case_ages(conn)
+        oldest = service.oldest_open_cases(conn, OLDEST_CASES)
     metadata: dict[str, dg.RawMetadataValue] = {
         "open_cases": case_table(ages),
+        "oldest_open_cases": oldest_case_table(oldest),
         "open_cases_total": sum(a.open_cases for a in ages),
         "due_now": sum(a.due_now for a in ages),
         "items": len(summary.results),

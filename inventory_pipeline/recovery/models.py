@@ -58,6 +58,7 @@ class ItemClaim:
     approved replacement of that source it is observed under, if any."""
 
     item_id: int
+    title: str
     provider_kind: ProviderKind
     provider_id: str
     source_generation: int
@@ -112,6 +113,9 @@ class ObservationResult:
     # Observed under an approved replacement for the first time: the case (if open)
     # resolved as replaced.
     replacement: Replacement | None = None
+    # How a person finds the item: its title and typed identity, bounded and escaped
+    # (`item_label`); empty where the attempt's claim is not at hand.
+    label: str = ""
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,22 @@ class OverdueCase:
     item_id: int
     category: Category
     due_at: datetime
+
+
+@dataclass(frozen=True)
+class OpenCase:
+    """An open recovery case as a person looks for it: the item's title, library and
+    typed identity, its category, attempts, and when it failed first and is tried next."""
+
+    item_id: int
+    title: str
+    library: str
+    provider_kind: str | None
+    provider_id: str | None
+    category: Category
+    attempts: int
+    first_failed_at: datetime
+    next_attempt_at: datetime | None
 
 
 @dataclass(frozen=True)

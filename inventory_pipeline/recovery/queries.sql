@@ -64,7 +64,8 @@ SET observation_lease_token = gen_random_uuid(),
 FROM due
 LEFT JOIN LATERAL approved_replacement(due.id, due.source_generation) AS r ON true
 WHERE i.id = due.id
-RETURNING i.id, i.provider_kind, i.provider_id, i.source_generation, i.observation_lease_token,
+RETURNING i.id, i.title, i.provider_kind, i.provider_id, i.source_generation,
+          i.observation_lease_token,
           i.recovery_case_id, i.recovery_category, i.recovery_attempts, i.recovery_resolved_at,
           r.proposal_id, r.tmdb_id AS replacement_tmdb_id;
 
@@ -96,7 +97,8 @@ SET observation_lease_token = gen_random_uuid(),
     observation_lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
 FROM due
 WHERE i.id = due.id
-RETURNING i.id, i.provider_kind, i.provider_id, i.source_generation, i.observation_lease_token,
+RETURNING i.id, i.title, i.provider_kind, i.provider_id, i.source_generation,
+          i.observation_lease_token,
           i.recovery_case_id, i.recovery_category, i.recovery_attempts, i.recovery_resolved_at,
           due.proposal_id, due.candidate_tmdb_id AS replacement_tmdb_id;
 
@@ -324,6 +326,18 @@ FROM media_server_items
 WHERE recovery_case_id IS NOT NULL AND recovery_resolved_at IS NULL
 GROUP BY recovery_category
 ORDER BY recovery_category;
+
+-- name: oldest_open_cases
+-- The open cases failing longest, with what a person finds the item by: its title,
+-- library and typed identity.
+SELECT i.id AS item_id, i.title, l.name AS library, i.provider_kind, i.provider_id,
+       i.recovery_category AS category, i.recovery_attempts AS attempts,
+       i.recovery_first_failed_at AS first_failed_at, i.observation_due_at AS next_attempt_at
+FROM media_server_items i
+JOIN libraries l ON l.id = i.library_id
+WHERE i.recovery_case_id IS NOT NULL AND i.recovery_resolved_at IS NULL
+ORDER BY i.recovery_first_failed_at, i.id
+LIMIT %(limit)s;
 
 -- name: case_ages
 -- The standing view of open cases: per category the count, the age of the oldest

@@ -11,6 +11,7 @@ from inventory_pipeline.provider.models import Observation
 from inventory_pipeline.recovery.models import (
     CaseAge,
     ItemClaim,
+    OpenCase,
     OverdueCase,
     ProviderSettings,
     Replacement,
@@ -45,6 +46,7 @@ def _claims(rows: list[Row]) -> list[ItemClaim]:
     return [
         ItemClaim(
             item_id=r["id"],
+            title=r["title"],
             provider_kind=r["provider_kind"],
             provider_id=r["provider_id"],
             source_generation=r["source_generation"],
@@ -141,6 +143,23 @@ def overdue_cases(conn: Connection, grace_seconds: int, limit: int = 20) -> list
 
 def case_overview(conn: Connection) -> dict[str, int]:
     return {r["category"]: int(r["open_cases"]) for r in fetch_all(conn, QUERIES["case_overview"])}
+
+
+def oldest_open_cases(conn: Connection, limit: int) -> list[OpenCase]:
+    return [
+        OpenCase(
+            item_id=r["item_id"],
+            title=r["title"],
+            library=r["library"],
+            provider_kind=r["provider_kind"],
+            provider_id=r["provider_id"],
+            category=r["category"],
+            attempts=r["attempts"],
+            first_failed_at=r["first_failed_at"],
+            next_attempt_at=r["next_attempt_at"],
+        )
+        for r in fetch_all(conn, QUERIES["oldest_open_cases"], {"limit": limit})
+    ]
 
 
 def case_ages(conn: Connection) -> list[CaseAge]:

@@ -8,6 +8,7 @@ given back unsent.
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -34,6 +35,7 @@ from inventory_pipeline.recovery.models import (
     ItemClaim,
     ObservationResult,
     ObservationSummary,
+    OpenCase,
     OverdueCase,
     ProviderSettings,
     Transition,
@@ -256,8 +258,10 @@ def observe(
             conn.close()
 
     def run(c: ItemClaim, settings: ProviderSettings) -> ObservationResult:
+        label = item_label(c.title, c.provider_kind, c.provider_id)
         try:
-            return observe_claim(worker_conn(), c, client, settings, policy)
+            result = observe_claim(worker_conn(), c, client, settings, policy)
+            return replace(result, label=label)
         except DatabaseError as exc:
             if not isinstance(exc, DatabaseUnavailable):
                 raise DatabaseError(
@@ -335,12 +339,39 @@ def observe_due(
         )
 
 
+TITLE_CHARS = 60  # of an item's title in a warning
+ID_CHARS = 20  # of a typed identity in a warning (longer ones are malformed anyway)
+
+
+def bounded(text: str, limit: int) -> str:
+    """One line of at most `limit` characters, quoted and escaped: inventory text is
+    anyone's, so a warning never carries its control characters or its length."""
+    flat = " ".join("".join(ch if ch.isprintable() else " " for ch in text).split())
+    if len(flat) > limit:
+        flat = flat[: limit - 1] + "…"
+    return json.dumps(flat, ensure_ascii=False)
+
+
+def item_label(title: str, provider_kind: str | None, provider_id: str | None) -> str:
+    """How a person finds an item in a warning: its title and typed identity, e.g.
+    `"The Matrix" (tmdb movie "603")`."""
+    identity = f"tmdb {provider_kind or '-'} {bounded(provider_id or '', ID_CHARS)}"
+    return f"{bounded(title, TITLE_CHARS)} ({identity})"
+
+
+def oldest_open_cases(conn: Connection, limit: int = 20) -> list[OpenCase]:
+    """The open cases failing longest, each with the item's title, library and identity."""
+    return repository.oldest_open_cases(conn, limit)
+
+
 def notice(result: ObservationResult) -> tuple[Level, str] | None:
     """The message an attempt deserves, if any (docs/provider-recovery.md#warnings: a
     warning only on a new case or a changed cause; one informational transition on
     recovery; a warning when an attempt could not be recorded at all). Allowlisted
-    fields only: item id, case id, category, the provider's cause label ("HTTP 5xx",
+    fields only: item id, the item's title and typed identity (bounded and escaped,
+    `item_label`), case id, category, the provider's cause label ("HTTP 5xx",
     "timeout"), attempts, next attempt, an exception's class name."""
+    item = f"item {result.item_id} {result.label}" if result.label else f"item {result.item_id}"
     due = result.next_attempt_at.isoformat(timespec="seconds") if result.next_attempt_at else "-"
     case = str(result.case_id)[:8] if result.case_id else "-"
     cause = f"{result.category}: {result.cause}" if result.cause else str(result.category)
@@ -349,24 +380,22 @@ def notice(result: ObservationResult) -> tuple[Level, str] | None:
     if result.outcome == "error":
         return (
             "warning",
-            f"item {result.item_id}: attempt not recorded ({result.error}); "
-            "retried when its lease expires",
+            f"{item}: attempt not recorded ({result.error}); retried when its lease expires",
         )
     if result.outcome == "interrupted":
         return (
             "info",
-            f"item {result.item_id}: attempt not recorded ({result.error}); given back, "
-            "tried again while due",
+            f"{item}: attempt not recorded ({result.error}); given back, tried again while due",
         )
     if result.transition == "opened":
         return (
             "warning",
-            f"item {result.item_id}: recovery case {case} opened ({cause}); next attempt {due}",
+            f"{item}: recovery case {case} opened ({cause}); next attempt {due}",
         )
     if result.transition == "cause_changed":
         return (
             "warning",
-            f"item {result.item_id}: recovery case {case} cause changed "
+            f"{item}: recovery case {case} cause changed "
             f"{result.previous_category} -> {cause} after {result.attempts} "
             f"attempts; next attempt {due}",
         )
@@ -379,7 +408,7 @@ def notice(result: ObservationResult) -> tuple[Level, str] | None:
         )
         return (
             "info",
-            f"item {result.item_id}: recovery case {case} resolved ({result.previous_category}, "
+            f"{item}: recovery case {case} resolved ({result.previous_category}, "
             f"{result.attempts} failed attempts){replaced}",
         )
     return None

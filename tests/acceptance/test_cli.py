@@ -123,6 +123,8 @@ def test_tmdb_key_from_stdin_then_observe(db_url: str, tmp_path: Path) -> None:
         status = run(["status"], env)
         assert "TMDb key             active" in status.stdout
         assert "open recovery cases" in status.stdout
+        # The oldest open cases by title, library and TMDb id.
+        assert "  item " in status.stdout and " attempts, next " in status.stdout
         assert "TMDb admission" not in status.stdout
         # A throttling answer pauses admission: the operator sees for how long.
         standin.set_fault("throttle", retry_after="600")

@@ -71,6 +71,16 @@ def test_sensor_and_job_report_categories(
     assert mat.metadata["observed"].value == 9
     assert mat.metadata["by_category"].value == {"observed": 9, "not_found": 1}
     assert mat.metadata["cases_opened"].value == 1
+    # Which item fails, without reading run logs: title, library, TMDb id, category,
+    # attempts and next attempt of the oldest open cases.
+    [case] = mat.metadata["oldest_open_cases"].value.records  # type: ignore[attr-defined]
+    assert {k: case.data[k] for k in ("title", "tmdb_id", "category", "attempts")} == {
+        "title": "Item 3",
+        "tmdb_id": "movie 3",
+        "category": "not_found",
+        "attempts": 1,
+    }
+    assert case.data["library"] and case.data["next_attempt"] != "-"
     assert isinstance(obs_defs.provider_observation_sensor(context), dg.SkipReason)
     check = obs_defs.recovery_cases_on_time(inventory_db=InventoryDatabase(url=db_url))
     assert isinstance(check, dg.AssetCheckResult) and check.passed
@@ -153,7 +163,7 @@ def test_malformed_identity_does_not_fail_the_run(
     assert result.success
     assert result.output_for_node("observe_provider_items") == 5
     [warning] = warnings_in(instance, result.run_id)
-    assert f"item {poison}:" in warning and "not_found" in warning
+    assert f'item {poison} "Item 1" (tmdb movie "²"):' in warning and "not_found" in warning
     row = f.item(conn, poison)
     assert row["recovery_category"] == "not_found" and row["observation_lease_token"] is None
 
@@ -195,7 +205,7 @@ def test_warnings_are_logged_as_cases_commit_even_if_the_run_dies(
     assert len(cases) >= 4
     warned = warnings_in(instance, result.run_id)
     for case in cases:
-        assert any(w.startswith(f"item {case['id']}:") for w in warned)
+        assert any(w.startswith(f"item {case['id']} \"") for w in warned)
 
 
 def test_sensor_waits_while_admission_is_paused(

@@ -349,8 +349,10 @@ def test_one_run_sets_the_rate_and_tells_each_notice(
     """The run the CLI and the Dagster job both start: the admission rate it is given
     holds for the fleet, its sessions carry the observer's name, and each new case comes
     back as a (level, message) notice once its completion has committed."""
-    for tmdb_id in (601, 602, 603):
+    for tmdb_id in (601, 603):
         f.tmdb_item(conn, movies, tmdb_id)
+    # Inventory text is anyone's: the warning names the item by a bounded, escaped title.
+    f.tmdb_item(conn, movies, 602, title="Lost\x1b[31m\nFilm " + "x" * 200)
     standin.set_available("movie", 602, False)
     notices: list[tuple[str, str]] = []
     sessions: set[str] = set()
@@ -371,5 +373,8 @@ def test_one_run_sets_the_rate_and_tells_each_notice(
     assert rate is not None and rate["requests_per_second"] == 25
     [(level, message)] = notices
     assert level == "warning" and "recovery case" in message and "opened (not_found" in message
+    assert message.startswith("item ") and ' "Lost [31m Film xxx' in message
+    assert '…" (tmdb movie "602"): recovery case' in message
+    assert "\x1b" not in message and "\n" not in message and len(message) < 250
     assert sessions == {service.OBSERVER}
     assert service.due_items(conn) == 0
