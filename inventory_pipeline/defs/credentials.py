@@ -21,6 +21,7 @@ from inventory_pipeline.defs.resources import (
     latest_materialization,
     run_in_flight,
 )
+from inventory_pipeline.defs.ticks import logged
 
 WAKEUP_QUEUE = "credential_wakeup"
 CREDENTIAL = dg.AssetKey("tmdb_credential")
@@ -177,6 +178,7 @@ def credential_wakeup() -> None:
     "unverified (and may be probed) or verified with cases left to release, and no "
     "wakeup run is already queued or running.",
 )
+@logged
 def credential_wakeup_sensor(
     context: dg.SensorEvaluationContext, inventory_db: InventoryDatabase
 ) -> dg.RunRequest | dg.SkipReason:

@@ -21,6 +21,7 @@ from inventory_pipeline.defs.resources import (
     latest_materialization,
     run_in_flight,
 )
+from inventory_pipeline.defs.ticks import logged
 from inventory_pipeline.recovery import service
 from inventory_pipeline.recovery.models import CaseAge, OpenCase
 
@@ -195,6 +196,7 @@ def provider_observation() -> None:
     "observation), admission is not paused by throttling, and none is already queued or "
     "running.",
 )
+@logged
 def provider_observation_sensor(
     context: dg.SensorEvaluationContext, inventory_db: InventoryDatabase
 ) -> dg.RunRequest | dg.SkipReason:

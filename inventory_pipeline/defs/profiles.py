@@ -37,6 +37,7 @@ from pydantic import Field
 
 from inventory_pipeline.db import Connection
 from inventory_pipeline.defs.resources import QUEUE_TAG, InventoryDatabase, runs_waiting
+from inventory_pipeline.defs.ticks import logged
 from inventory_pipeline.profiles import service
 from inventory_pipeline.profiles.generator import held_back_reason
 from inventory_pipeline.profiles.models import (
@@ -696,6 +697,7 @@ def _add_partitions(context: dg.SensorEvaluationContext, keys: Sequence[str]) ->
     description="Keeps partitions in step with libraries, plans dirty libraries and "
     "launches refresh runs for the backlog; the runs claim when they start.",
 )
+@logged
 def library_profile_sensor(
     context: dg.SensorEvaluationContext, inventory_db: InventoryDatabase
 ) -> dg.SensorResult | dg.SkipReason:
@@ -780,7 +782,7 @@ def library_profile_sensor(
         return dg.SkipReason(skip)
     context.log.info(
         f"planned {len(plan.inventory)} inventory and {len(plan.native)} native requests; "
-        f"{claimable} claimable, launching {len(runs)} runs"
+        f"{claimable} claimable"
     )
     return dg.SensorResult(
         run_requests=runs,
@@ -800,6 +802,7 @@ STALL_BATCH = 500
     "inventory change waits longer than INVENTORY_STALL_SECONDS, without a run and "
     "without claiming.",
 )
+@logged
 def library_profile_staleness_sensor(
     context: dg.SensorEvaluationContext, inventory_db: InventoryDatabase
 ) -> dg.SensorResult | dg.SkipReason:

@@ -21,6 +21,7 @@ from inventory_pipeline.defs.resources import (
     TmdbResource,
     run_in_flight,
 )
+from inventory_pipeline.defs.ticks import logged
 from inventory_pipeline.recovery import service as recovery
 from inventory_pipeline.revalidation import service
 from inventory_pipeline.revalidation.models import ProposalOverview, ProposalRefused
@@ -227,6 +228,7 @@ def replacement_decision() -> None:
     description="Launches a revalidation run when cases are due, the hourly budget has "
     "room, admission is not paused by throttling, and none is already queued or running.",
 )
+@logged
 def identity_revalidation_sensor(
     context: dg.SensorEvaluationContext, inventory_db: InventoryDatabase, tmdb: TmdbResource
 ) -> dg.RunRequest | dg.SkipReason:

@@ -15,6 +15,7 @@ from typing import Any
 import dagster as dg
 
 from inventory_pipeline.defs.resources import QUEUE_TAG, InventoryDatabase, run_in_flight
+from inventory_pipeline.defs.ticks import logged
 from inventory_pipeline.stats import maintenance, runbook, service
 from inventory_pipeline.stats.models import DrainSummary
 
@@ -125,6 +126,7 @@ def stats_drain() -> None:
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Launches a drain when stats work waits and no drain is active.",
 )
+@logged
 def stats_refresh_sensor(
     context: dg.SensorEvaluationContext, inventory_db: InventoryDatabase
 ) -> dg.RunRequest | dg.SkipReason:

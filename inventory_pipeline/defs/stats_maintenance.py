@@ -15,6 +15,7 @@ import dagster as dg
 import pydantic
 
 from inventory_pipeline.defs.resources import QUEUE_TAG, InventoryDatabase, run_in_flight
+from inventory_pipeline.defs.ticks import logged
 from inventory_pipeline.stats import maintenance, rebuild
 
 MAINTENANCE_QUEUE = "stats_maintenance"
@@ -205,6 +206,7 @@ ROLLOVER_SENSOR_SECONDS = 5
     "is unanswered or a killed rebuild waits, and again as soon as the last run ends while "
     "any remains; otherwise skips (no idle runs).",
 )
+@logged
 def stats_rollover_sensor(
     context: dg.SensorEvaluationContext, inventory_db: InventoryDatabase
 ) -> dg.RunRequest | dg.SkipReason:

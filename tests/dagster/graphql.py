@@ -182,6 +182,19 @@ query ($selector: SensorSelector!) {
 }
 """
 
+# A sensor's ticks with their logs: what the tick history shows for each.
+SENSOR_TICK_LOGS = """
+query ($selector: SensorSelector!) {
+  sensorOrError(sensorSelector: $selector) {
+    ... on Sensor {
+      sensorState {
+        ticks(limit: 20) { status timestamp logEvents { events { level message } } }
+      }
+    }
+  }
+}
+"""
+
 STOP_SENSOR = """
 mutation ($id: String!) {
   stopSensor(id: $id) { __typename ... on PythonError { message } }

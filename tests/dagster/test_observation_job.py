@@ -205,7 +205,7 @@ def test_warnings_are_logged_as_cases_commit_even_if_the_run_dies(
     assert len(cases) >= 4
     warned = warnings_in(instance, result.run_id)
     for case in cases:
-        assert any(w.startswith(f"item {case['id']} \"") for w in warned)
+        assert any(w.startswith(f'item {case["id"]} "') for w in warned)
 
 
 def test_sensor_waits_while_admission_is_paused(

@@ -291,3 +291,25 @@ def test_partition_added_by_hand_breaks_neither_preview_nor_tick(
     ticks = ui.wait_for("a sensor tick", ticked, 60)
     assert [t for t in ticks if t["status"] == "FAILURE"] == []
     assert "Films" not in asset_view(ui)["keys"]
+
+    # The tick history shows what each tick did and removed, not "No logs to display".
+    def tick_lines() -> list[tuple[str, str]]:
+        state = ui.query(gql.SENSOR_TICK_LOGS, selector=sensor)["sensorOrError"]["sensorState"]
+        return [
+            (e["level"], e["message"])
+            for t in state["ticks"]
+            if t["timestamp"] >= started_at
+            for e in t["logEvents"]["events"]
+        ]
+
+    # A later tick finds nothing new to launch: its skip reason is in its log too.
+    def with_a_skip() -> list[tuple[str, str]] | None:
+        lines = tick_lines()
+        return lines if any(m.startswith("skipped: ") for _, m in lines) else None
+
+    lines = ui.wait_for("a skipped tick's log", with_a_skip, 60)
+    assert (
+        "WARNING",
+        "removed partition keys that are not library id ranges: 'Films'",
+    ) in lines, lines
+    assert ("INFO", "launching 1 run") in lines, lines
