@@ -450,6 +450,9 @@ def _serve(
         _say("stopped the Dagster processes a killed `dev` left running")
     check_port_free(args.host, args.port)
     deployment = stack.enter_context(provision(settings))
+    if settings.database_url is None:
+        # How to reach the embedded server (a socket in the data folder, no password).
+        _say(f"embedded PostgreSQL: psql '{deployment.app_url}'")
     if args.demo:
         # The demo observes a local TMDb stand-in: no internet, faults switchable.
         standin = stack.enter_context(StandIn(api_key=DEMO_KEY, missing_every=17))

@@ -126,6 +126,8 @@ def test_signal_stops_the_whole_tree(signum: int, tmp_path: Path, devs: list[Dev
     assert len(dev.tree()) >= 2 and alive(postgres)  # daemon, webserver (+ code servers)
     # The daemon logs warnings and errors only: its INFO line for every sensor
     # evaluation made the terminal unreadable (`dev --verbose` keeps it).
+    # It says how to reach the embedded database.
+    assert "embedded PostgreSQL: psql 'postgresql://" in dev.output()
     [daemon] = [p for p in dev.tree() if "dagster._daemon" in p.cmdline()]
     assert "--log-level warning" in " ".join(daemon.cmdline())
 
