@@ -228,15 +228,34 @@ def stats_rollover_sensor(
     )
 
 
-maintenance_sensors = [stats_rollover_sensor]
+SCAN_SENSOR_SECONDS = 60
+
+
+@dg.sensor(
+    minimum_interval_seconds=SCAN_SENSOR_SECONDS,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Every minute, one page of the backfill scanner in the tick itself: stale "
+    "users it finds are queued and the stats drain sensor publishes them. No run: an idle "
+    "minute leaves only a tick, with what it scanned in its log.",
+)
+@logged
+def stats_backfill_scan_sensor(
+    context: dg.SensorEvaluationContext, inventory_db: InventoryDatabase
+) -> dg.SkipReason:
+    """The scan in the tick: its writes are one page's requests, each its own
+    transaction, and the drain that publishes them is launched by the stats sensor."""
+    with inventory_db.connection() as conn:
+        page = maintenance.scan(conn)
+    signals = sorted({signal for _, signal in page.stale})
+    found = f"{len(page.stale)} stale users queued ({', '.join(signals)})" if page.stale else ""
+    failed = f"; {len(page.failed)} left for the next lap" if page.failed else ""
+    lap = "; lap done" if page.lap_done else ""
+    return dg.SkipReason(f"scanned a page: {found or 'no stale user'}{failed}{lap}")
+
+
+maintenance_sensors = [stats_rollover_sensor, stats_backfill_scan_sensor]
 
 maintenance_schedules = [
-    dg.ScheduleDefinition(
-        job=stats_backfill_scan,
-        cron_schedule="* * * * *",
-        default_status=dg.DefaultScheduleStatus.RUNNING,
-        description="Every minute: one page of the backfill scanner.",
-    ),
     dg.ScheduleDefinition(
         job=stats_retention,
         cron_schedule="7-59/10 * * * *",

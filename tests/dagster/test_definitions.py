@@ -60,12 +60,12 @@ SENSORS = [
     "library_profile_sensor",
     "library_profile_staleness_sensor",
     "provider_observation_sensor",
+    "stats_backfill_scan_sensor",
     "stats_refresh_sensor",
     "stats_rollover_sensor",
 ]
 SCHEDULES = [
     "profile_request_compaction_schedule",
-    "stats_backfill_scan_schedule",
     "stats_retention_schedule",
 ]
 QUEUE_TAG = "inventory_pipeline/queue"

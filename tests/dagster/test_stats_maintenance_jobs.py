@@ -48,9 +48,38 @@ def test_maintenance_jobs_report_counts(
         [output] = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"]
         assert expected in output.event_specific_data.metadata  # type: ignore[union-attr]
     assert {s.name for s in maintenance_defs.maintenance_schedules} == {
-        "stats_backfill_scan_schedule",
         "stats_retention_schedule",
     }
+
+
+def test_the_backfill_scan_runs_in_its_tick_without_a_run(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    """Every minute a scan page, and no run for it: an idle minute was a run each
+    (1,440 a day); a stale user found is queued for the drain sensor."""
+    context = dg.build_sensor_context(
+        instance=instance, resources={"inventory_db": InventoryDatabase(url=db_url)}
+    )
+    idle = maintenance_defs.stats_backfill_scan_sensor(context)
+    assert isinstance(idle, dg.SkipReason)
+    assert idle.skip_message == "scanned a page: no stale user; lap done"
+    sf.exercise(conn, "squat")
+    user = uuid.uuid4()
+    sf.save(conn, user, date(2026, 3, 10), sf.sets(("squat", 100, 5)))
+    db = InventoryDatabase(url=db_url)
+    stats_defs.stats_drain.execute_in_process(instance=instance, resources={"inventory_db": db})
+    conn.execute("DELETE FROM user_training_period_stats WHERE user_id = %s", (user,))
+    runs = instance.get_runs_count()
+    found = maintenance_defs.stats_backfill_scan_sensor(context)
+    assert isinstance(found, dg.SkipReason)
+    assert found.skip_message is not None
+    assert found.skip_message == (
+        "scanned a page: 1 stale users queued (rollups without period stats); lap done"
+    )
+    assert [j["event_type"] for j in sf.jobs(conn, user) if j["status"] == "pending"] == [
+        "scheduled_stats_backfill"
+    ]
+    assert instance.get_runs_count() == runs  # the tick launched nothing
 
 
 def test_purged_jobs_are_jobs_of_the_code_location() -> None:
