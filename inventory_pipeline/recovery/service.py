@@ -355,7 +355,8 @@ def bounded(text: str, limit: int) -> str:
 def item_label(title: str, provider_kind: str | None, provider_id: str | None) -> str:
     """How a person finds an item in a warning: its title and typed identity, e.g.
     `"The Matrix" (tmdb movie "603")`."""
-    identity = f"tmdb {provider_kind or '-'} {bounded(provider_id or '', ID_CHARS)}"
+    kind = provider_kind if provider_kind in ("movie", "tv") else bounded(provider_kind or "", 8)
+    identity = f"tmdb {kind} {bounded(provider_id or '', ID_CHARS)}"
     return f"{bounded(title, TITLE_CHARS)} ({identity})"
 
 

@@ -50,3 +50,12 @@ def test_the_case_warning_names_the_cause() -> None:
         7, "failed", "throttled", "cause_changed", previous_category="transient", cause="HTTP 429"
     )
     assert "transient -> throttled: HTTP 429" in (service.notice(changed) or ("", ""))[1]
+
+
+def test_an_item_label_is_one_bounded_escaped_line() -> None:
+    """Inventory text is anyone's: a warning or `status` line carries neither its
+    control characters nor its length."""
+    assert service.item_label("The Matrix", "movie", "603") == '"The Matrix" (tmdb movie "603")'
+    label = service.item_label("a\x1b[2J\nb" + "c" * 100, "mo\nvie", "9" * 40)
+    assert "\x1b" not in label and "\n" not in label and len(label) < 120
+    assert label.startswith('"a [2J b') and '(tmdb "mo vie" "9999' in label
