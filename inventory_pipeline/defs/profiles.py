@@ -531,7 +531,10 @@ def range_verdict(statuses: Sequence[ProfileStatus], stall_seconds: int) -> Rang
         return RangeVerdict(
             False, error, "no library in this range", {"reason": "deleted", "libraries": 0}
         )
-    behind = [s for s in statuses if not s.current]
+    # Libraries in error first, so the named few include one when there is one.
+    behind = sorted(
+        (s for s in statuses if not s.current), key=lambda s: s.catching_up(stall_seconds)
+    )
     lags = [s.dirty_seconds for s in behind if s.dirty_seconds is not None]
     metadata: dict[str, Any] = {
         "libraries": len(statuses),
@@ -541,12 +544,13 @@ def range_verdict(statuses: Sequence[ProfileStatus], stall_seconds: int) -> Rang
     }
     if not behind:
         noun = "library" if len(statuses) == 1 else "libraries"
-        return RangeVerdict(True, warn, f"{len(statuses)} {noun} current", metadata)
+        return RangeVerdict(True, error, f"{len(statuses)} {noun} current", metadata)
     named = "; ".join(f"library {s.library_id}: {s.reason}" for s in behind[:NAMED_LIBRARIES])
     more = f" and {len(behind) - NAMED_LIBRARIES} more" if len(behind) > NAMED_LIBRARIES else ""
     metadata["not_current"] = ", ".join(str(s.library_id) for s in behind)
     if all(s.catching_up(stall_seconds) for s in behind):
-        threshold = f"{stall_seconds // 60} min" if stall_seconds >= 60 else f"{stall_seconds} s"
+        minutes, seconds = divmod(stall_seconds, 60)
+        threshold = f"{minutes} min" if minutes and not seconds else f"{stall_seconds} s"
         return RangeVerdict(
             False,
             warn,

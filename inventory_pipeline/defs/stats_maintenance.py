@@ -243,9 +243,13 @@ def stats_backfill_scan_sensor(
     context: dg.SensorEvaluationContext, inventory_db: InventoryDatabase
 ) -> dg.SkipReason:
     """The scan in the tick: its writes are one page's requests, each its own
-    transaction, and the drain that publishes them is launched by the stats sensor."""
+    transaction, and the drain that publishes them is launched by the stats sensor. A
+    preview of the tick scans too: a request merges into the user's pending work, so an
+    extra page is harmless."""
     with inventory_db.connection() as conn:
         page = maintenance.scan(conn)
+    if page.busy:
+        return dg.SkipReason("another scanner holds the cursor; nothing scanned")
     signals = sorted({signal for _, signal in page.stale})
     found = f"{len(page.stale)} stale users queued ({', '.join(signals)})" if page.stale else ""
     failed = f"; {len(page.failed)} left for the next lap" if page.failed else ""

@@ -1,31 +1,37 @@
 """What a sensor tick answered, in the tick's own log.
 
 The UI's tick history shows a tick's logs ("No logs to display" otherwise), and a
-skip reason only in a preview; so each sensor's answer is also logged: the skip reason,
-or how many runs it launches."""
+skip reason only in a preview; so a sensor's answer is logged in its tick: a launch
+always (INFO), a skip when it differs from the sensor's previous answer in this process
+(DEBUG). Skips stay off the console `dev` prints, and an idle sensor does not open a
+captured-log file every few seconds (Dagster keeps one per logging tick)."""
 
-# No `from __future__ import annotations` here: Dagster reads the wrapped sensor's
-# signature (its context and resource parameters) through `functools.wraps`.
+from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import dagster as dg
 
+_previous: dict[str, str] = {}  # sensor name -> its last logged skip
+_lock = threading.Lock()
 
-def answer_of(result: object) -> str | None:
-    """One line saying what a sensor's result does, or None when it says nothing."""
+
+def answer_of(result: object) -> tuple[bool, str] | None:
+    """Whether the result launches runs, and one line saying what it does; None when it
+    says nothing."""
     if isinstance(result, dg.SkipReason):
-        return f"skipped: {result.skip_message}" if result.skip_message else "skipped"
+        return False, f"skipped: {result.skip_message}" if result.skip_message else "skipped"
     if isinstance(result, dg.RunRequest):
-        return "launching 1 run"
+        return True, "launching 1 run"
     if isinstance(result, dg.SensorResult):
         runs = len(result.run_requests or [])
         if runs:
-            return f"launching {runs} run{'s' if runs != 1 else ''}"
+            return True, f"launching {runs} run{'s' if runs != 1 else ''}"
         if result.skip_reason is not None and result.skip_reason.skip_message:
-            return f"skipped: {result.skip_reason.skip_message}"
+            return False, f"skipped: {result.skip_reason.skip_message}"
     return None
 
 
@@ -35,9 +41,17 @@ def logged(evaluate: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(evaluate)
     def logging_evaluate(context: dg.SensorEvaluationContext, *args: Any, **kwargs: Any) -> Any:
         result = evaluate(context, *args, **kwargs)
-        line = answer_of(result)
-        if line is not None:
+        answer = answer_of(result)
+        if answer is None:
+            return result
+        launches, line = answer
+        with _lock:
+            changed = _previous.get(evaluate.__name__) != line
+            _previous[evaluate.__name__] = "" if launches else line
+        if launches:
             context.log.info(line)
+        elif changed:
+            context.log.debug(line)
         return result
 
     return logging_evaluate

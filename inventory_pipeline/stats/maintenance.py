@@ -119,11 +119,13 @@ def process_catalog(conn: Connection, page: int = CATALOG_USER_PAGE) -> int:
 @dataclass(frozen=True)
 class ScanResult:
     """One scanner page: stale users merged into the queue, users whose request failed
-    (found again next lap), and whether the page ended a lap."""
+    (found again next lap), whether the page ended a lap, and whether no page was read
+    because another scanner holds the cursor."""
 
     stale: tuple[tuple[UUID, str], ...]
     failed: tuple[UUID, ...]
     lap_done: bool
+    busy: bool = False
 
 
 def scan(conn: Connection, limit: int = SCAN_PAGE) -> ScanResult:
@@ -134,7 +136,7 @@ def scan(conn: Connection, limit: int = SCAN_PAGE) -> ScanResult:
     with transaction(conn):
         page = repo.scan_page(conn, limit)
         if page is None:  # another scanner holds the cursor
-            return ScanResult((), (), False)
+            return ScanResult((), (), False, busy=True)
         lap_done = len(page.user_ids) < limit
         repo.scan_advance(conn, None if lap_done else page.user_ids[-1])
     if not page.user_ids:

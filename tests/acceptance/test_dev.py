@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -127,7 +128,14 @@ def test_signal_stops_the_whole_tree(signum: int, tmp_path: Path, devs: list[Dev
     # The daemon logs warnings and errors only: its INFO line for every sensor
     # evaluation made the terminal unreadable (`dev --verbose` keeps it).
     # It says how to reach the embedded database.
-    assert "embedded PostgreSQL: psql 'postgresql://" in dev.output()
+    [line] = [x for x in dev.output().splitlines() if "embedded PostgreSQL: " in x]
+    psql = subprocess.run(
+        [*shlex.split(line.split("embedded PostgreSQL: ", 1)[1]), "-Atc", "SELECT 42"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert psql.stdout.strip() == "42", psql.stderr
     [daemon] = [p for p in dev.tree() if "dagster._daemon" in p.cmdline()]
     assert "--log-level warning" in " ".join(daemon.cmdline())
 

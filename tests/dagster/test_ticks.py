@@ -1,4 +1,5 @@
-"""A sensor's answer is in its tick's log, which the UI's tick history shows."""
+"""A sensor's answer is in its tick's log, which the UI's tick history shows (tested
+through the webserver's GraphQL in test_ui_profiles); here: what reaches the console."""
 
 from __future__ import annotations
 
@@ -15,15 +16,17 @@ from inventory_pipeline.defs.ticks import answer_of
 from tests import stats_factories as sf
 
 
-def test_a_skip_and_a_launch_are_logged_in_the_tick(
+def test_a_launch_reaches_the_console_and_a_skip_does_not(
     conn: Connection, db_url: str, capfd: pytest.CaptureFixture[str]
 ) -> None:
+    """A skip is logged at DEBUG, which the tick history shows and `dev`'s terminal
+    (INFO and up) does not; a launch at INFO."""
     with dg.instance_for_test() as instance:
         context = dg.build_sensor_context(
             instance=instance, resources={"inventory_db": InventoryDatabase(url=db_url)}
         )
         assert isinstance(stats_defs.stats_refresh_sensor(context), dg.SkipReason)
-        assert "INFO - skipped: no stats work waiting" in capfd.readouterr().err
+        assert "skipped" not in capfd.readouterr().err
         sf.exercise(conn, "squat")
         sf.save(conn, uuid.uuid4(), date(2026, 3, 10), sf.sets(("squat", 100, 5)))
         assert isinstance(stats_defs.stats_refresh_sensor(context), dg.RunRequest)
@@ -31,9 +34,10 @@ def test_a_skip_and_a_launch_are_logged_in_the_tick(
 
 
 def test_answers_read_as_one_line() -> None:
-    assert answer_of(dg.SkipReason("nothing due")) == "skipped: nothing due"
+    assert answer_of(dg.SkipReason("nothing due")) == (False, "skipped: nothing due")
     assert answer_of(dg.SensorResult(run_requests=[dg.RunRequest(), dg.RunRequest()])) == (
-        "launching 2 runs"
+        True,
+        "launching 2 runs",
     )
-    assert answer_of(dg.SensorResult(skip_reason="busy")) == "skipped: busy"
+    assert answer_of(dg.SensorResult(skip_reason="busy")) == (False, "skipped: busy")
     assert answer_of(None) is None

@@ -287,15 +287,21 @@ def test_failed_check_says_why(conn: Connection, db_url: str) -> None:
         "not_current",
     }
     assert result.metadata["behind"].value == 1
+    # A range mixing a library catching up with a stalled one is red, and names the
+    # stalled one first (whatever the ids).
+    late = f.library(conn, name="late")
+    f.items(conn, late, 2)
+    assert late // profile_defs.PARTITION_WIDTH == lib // profile_defs.PARTITION_WIDTH
     execute(
         conn,
         "UPDATE library_inventory_state SET dirty_since = now() - interval '16 minutes'"
         " WHERE library_id = %s",
-        (lib,),
+        (late,),
     )
     stalled = profile_defs.range_current_result(db, low)
     assert not stalled.passed and stalled.severity == dg.AssetCheckSeverity.ERROR
     assert stalled.description == (
+        f"library {late}: inventory revision 1 not yet acknowledged (acknowledged 0); "
         f"library {lib}: inventory revision 1 not yet acknowledged (acknowledged 0)"
     )
     assert stalled.metadata["oldest_lag_seconds"].value >= 960
