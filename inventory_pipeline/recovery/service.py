@@ -261,7 +261,6 @@ def observe(
         label = item_label(c.title, c.provider_kind, c.provider_id)
         try:
             result = observe_claim(worker_conn(), c, client, settings, policy)
-            return replace(result, label=label)
         except DatabaseError as exc:
             if not isinstance(exc, DatabaseUnavailable):
                 raise DatabaseError(
@@ -270,9 +269,10 @@ def observe(
                     exc.sqlstate,
                 ) from exc
             forget_worker_conn()  # the next item of this thread opens a fresh session
-            return ObservationResult(c.item_id, "error", error=type(exc).__name__)
+            result = ObservationResult(c.item_id, "error", error=type(exc).__name__)
         except Exception as exc:
-            return ObservationResult(c.item_id, "error", error=type(exc).__name__)
+            result = ObservationResult(c.item_id, "error", error=type(exc).__name__)
+        return replace(result, label=label)
 
     try:
         with connect() as main, ThreadPoolExecutor(max_workers=workers) as pool:

@@ -17,7 +17,7 @@ from inventory_pipeline.provider.models import Failure
 from inventory_pipeline.provider.standin import StandIn
 from inventory_pipeline.provider.tmdb import TmdbClient
 from inventory_pipeline.recovery import repository, service
-from inventory_pipeline.recovery.models import ItemClaim
+from inventory_pipeline.recovery.models import ItemClaim, ObservationResult
 from inventory_pipeline.recovery.policy import RetryPolicy
 from inventory_pipeline.settings import TmdbSettings
 from tests import factories as f
@@ -378,3 +378,43 @@ def test_one_run_sets_the_rate_and_tells_each_notice(
     assert "\x1b" not in message and "\n" not in message and len(message) < 250
     assert sessions == {service.OBSERVER}
     assert service.due_items(conn) == 0
+
+
+def test_an_attempt_not_recorded_is_warned_with_the_items_title(
+    db_url: str, conn: Connection, movies: int, standin: StandIn
+) -> None:
+    """The worker's session is lost while the answer is in flight: nothing is recorded,
+    and the warning names the item as every case warning does."""
+    item = f.tmdb_item(conn, movies, 777, title="Lost Session")
+
+    class Cutting(TmdbClient):
+        def fetch(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
+            execute(
+                conn,
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = 'cut-me'",
+            )
+            return super().fetch(*args, **kwargs)  # type: ignore[arg-type]
+
+    told: list[tuple[str, str]] = []
+
+    def on_result(result: ObservationResult) -> None:
+        message = service.notice(result)
+        if message is not None:
+            told.append(message)
+
+    with Cutting(standin.url) as client:
+        service.observe(
+            lambda: connect(db_url, application_name="cut-me"),
+            client,
+            POLICY,
+            workers=1,
+            on_result=on_result,
+        )
+    assert told == [
+        (
+            "warning",
+            f'item {item} "Lost Session" (tmdb movie "777"): attempt not recorded'
+            " (DatabaseUnavailable); retried when its lease expires",
+        )
+    ]
