@@ -1,6 +1,8 @@
 """A small, deterministic demo: enough libraries to see profiles publish, traits held
-back by the coverage contract and an empty library, plus a training log for three users
-so the stats projections and PR overview fill in."""
+back by the coverage contract and an empty library, in two partitions; a training log
+for three users so the stats projections and PR overview fill in; and items whose TMDb
+records were merged, with a history that happened just before the load (every age the
+UI shows is real)."""
 
 from __future__ import annotations
 
@@ -56,7 +58,13 @@ LIBRARIES = (
     DemoLibrary("Living Room Plex", "Archive", "movie", 0, 1.0),
     DemoLibrary("Cabin Jellyfin", "Documentaries", "movie", 150, 0.4),
     DemoLibrary("Cabin Jellyfin", "Anime", "tv", 120, 0.85),
+    DemoLibrary("Cabin Jellyfin", "Classics", "movie", 90, 0.9),
+    DemoLibrary("Cabin Jellyfin", "Concerts", "music", 40, 0.3),
+    DemoLibrary("Office Emby", "Westerns", "movie", 60, 0.9),
+    DemoLibrary("Office Emby", "Nature", "tv", 30, 0.8),
 )
+# Eleven libraries: ids 1 to 11 span two partitions (ranges of ten ids), so a
+# backfill of more than one partition can be tried.
 
 
 def _items(rng: random.Random, library: DemoLibrary) -> list[dict[str, Any]]:
@@ -185,7 +193,7 @@ def load_demo(conn: Connection, seed: int = 2026) -> int:
         libraries: dict[str, int] = {}
         for library in LIBRARIES:
             if library.server not in servers:
-                kind = "plex" if "Plex" in library.server else "jellyfin"
+                kind = library.server.split()[-1].lower()
                 row = fetch_one(
                     conn, QUERIES["insert_server"], {"name": library.server, "kind": kind}
                 )

@@ -32,10 +32,11 @@ INSERT INTO exercises (id, name) VALUES (%(id)s, %(name)s) ON CONFLICT (id) DO N
 SELECT save_training_session(%(user_id)s, %(session)s);
 
 -- name: insert_merged_item
--- An item of the demo's history (docs/identity-revalidation.md): observed a week ago
--- with its external ids, then its TMDb record was merged away and yesterday's
--- observation answered 404, so the next one (due now) makes its case eligible for
--- revalidation. Written as those observations would have left it.
+-- An item of the demo's history (docs/identity-revalidation.md): observed with its
+-- external ids, then its TMDb record was merged away and an observation answered 404,
+-- so the next one (due now) makes its case eligible for revalidation. Written as those
+-- observations would have left it just before the load, so the ages the UI and
+-- `status` show (failing since, observed) are real, not a made-up past.
 WITH item AS (
     INSERT INTO media_server_items (
         library_id, title, year, provider, provider_kind, provider_id, rating, genres,
@@ -45,13 +46,13 @@ WITH item AS (
         recovery_first_failed_at, recovery_last_failed_at)
     VALUES (%(library_id)s, %(title)s, %(year)s, 'tmdb', %(kind)s, %(tmdb_id)s::text, 7.5,
             ARRAY['Drama'], 'en', 'A demo item TMDb merged into another record.',
-            now() - interval '7 days', now() - interval '1 day', now(), 2, 1,
+            now(), now(), now(), 2, 1,
             gen_random_uuid(), 'tmdb', %(kind)s, %(tmdb_id)s::text, 'not_found', 1,
-            now() - interval '1 day', now() - interval '1 day')
+            now(), now())
     RETURNING id, source_generation
 )
 INSERT INTO provider_observations (item_id, source_generation, provider_kind, tmdb_id, title,
                                    genres, companies, observed_at, imdb_id, tvdb_id)
 SELECT item.id, item.source_generation, %(kind)s, %(tmdb_id)s, %(title)s, ARRAY['Drama'],
-       '{}', now() - interval '7 days', %(imdb_id)s, %(tvdb_id)s
+       '{}', now(), %(imdb_id)s, %(tvdb_id)s
 FROM item;

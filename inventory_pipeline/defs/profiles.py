@@ -23,7 +23,7 @@ library range is removed, never fatal.
 import json
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,7 @@ from inventory_pipeline.defs.ticks import logged
 from inventory_pipeline.profiles import service
 from inventory_pipeline.profiles.generator import held_back_reason
 from inventory_pipeline.profiles.models import (
+    OUTCOMES,
     Completion,
     LibraryLabel,
     ProfileStatus,
@@ -52,6 +53,10 @@ PARTITIONS_NAME = "inventory_pipeline__library_profile"
 library_partitions = dg.DynamicPartitionsDefinition(name=PARTITIONS_NAME)
 PROFILE_ASSET = dg.AssetKey("library_profile")
 REFRESH_QUEUE = "profile_refresh"
+# Dirty libraries a skip reason counts before it says "1000+".
+DIRTY_SHOWN = 1000
+# A refresh run's tag saying what the tick that launched it found.
+PLAN_TAG = "inventory_pipeline/plan"
 CHECK_NAME = "library_profile_current"
 CHECK_KEY = dg.AssetCheckKey(PROFILE_ASSET, CHECK_NAME)
 # Library ids per partition: 10k partition keys at 100k libraries.
@@ -160,48 +165,96 @@ def completion_metadata(completion: Completion, label: LibraryLabel | None) -> d
     return metadata
 
 
-def published_traits(profile: dict[str, Any] | None) -> str:
-    """The traits a profile publishes under the coverage contract, comma-separated."""
-    if profile is None:
-        return ""
-    return ", ".join(trait for trait, body in profile.items() if held_back_reason(body) is None)
+# What a range's summary says a run did to each library: a completion's outcome, or
+# UNCHANGED for a library the run did not refresh (another worker did, or none was due).
+UNCHANGED = "unchanged"
+# Longest library name quoted in an event's description.
+NAME_CHARS = 40
 
 
-def brief_metadata(completion: Completion, label: LibraryLabel | None) -> dict[str, Any]:
-    """A library's row in its range's summary: what a reader scans across libraries."""
-    return {
-        **label_metadata(label),
-        "item_count": completion.item_count,
-        "profile_revision": completion.snapshot_revision,
-        "published": published_traits(completion.profile),
-    }
+def low_of(library_id: int) -> int:
+    """The lowest id of the range that holds a library."""
+    return library_id - library_id % PARTITION_WIDTH
 
 
-def range_materializations(
-    completions: Sequence[Completion], labels: dict[int, LibraryLabel]
-) -> list[dg.AssetMaterialization]:
-    """One materialization per partition for a batch of refreshes: the table of its
-    libraries refreshed, and with a single library that library's whole profile too.
-    One event per range instead of one per library is what lets a burst drain at the
-    rate the profiles are generated (each Dagster event costs several writes)."""
-    by_range: dict[int, list[Completion]] = {}
-    for completion in completions:
-        low = completion.library_id - completion.library_id % PARTITION_WIDTH
-        by_range.setdefault(low, []).append(completion)
-    events = []
-    for low, done in sorted(by_range.items()):
-        outcomes = [
-            (c.library_id, c.outcome, brief_metadata(c, labels.get(c.library_id))) for c in done
-        ]
-        metadata = range_summary(low, outcomes)
-        if len(done) == 1:
-            metadata.update(completion_metadata(done[0], labels.get(done[0].library_id)))
-        events.append(
-            dg.AssetMaterialization(
-                asset_key=PROFILE_ASSET, partition=range_key(low), metadata=metadata
-            )
+def quoted(name: str) -> str:
+    """A library name in a one-line description: bounded, quotes and control characters
+    escaped."""
+    short = name if len(name) <= NAME_CHARS else name[: NAME_CHARS - 1] + "…"
+    return json.dumps(short, ensure_ascii=False)
+
+
+def describe_library(library_id: int, label: LibraryLabel | None, outcome: str) -> str:
+    """One library's event description: which library, and what the run did to it."""
+    if label is None:
+        return f"library {library_id} (deleted): {outcome}"
+    return f"library {library_id} {quoted(label.name)} on {quoted(label.server_name)}: {outcome}"
+
+
+def range_summary(
+    low: int, statuses: Sequence[ProfileStatus], outcomes: Mapping[int, str]
+) -> tuple[dict[str, Any], str]:
+    """A range's materialization: every library it holds, once, as the database has it
+    now, with what this run did to it; and a description naming them by outcome
+    (`published 6 "Kids", 7 "Anime"; 5 unchanged`)."""
+    records = [
+        dg.TableRecord(
+            {
+                "library_id": s.library_id,
+                "library": f"{s.label.name} ({s.label.media_kind})",
+                "media_server": f"{s.label.server_name} ({s.label.server_kind})",
+                "outcome": outcomes.get(s.library_id, UNCHANGED),
+                "item_count": s.item_count or 0,
+                "revision": s.revision,
+                "acknowledged_revision": s.acknowledged_revision,
+                "profile_revision": s.profile_revision,
+                "published": ", ".join(s.published_traits),
+                "published_at": (
+                    s.published_at.isoformat(timespec="seconds") if s.published_at else None
+                ),
+            }
         )
-    return events
+        for s in statuses
+    ]
+    named: dict[str, list[str]] = {}
+    for s in statuses:
+        outcome = outcomes.get(s.library_id, UNCHANGED)
+        named.setdefault(outcome, []).append(f"{s.library_id} {quoted(s.label.name)}")
+    parts = [
+        f"{outcome} {', '.join(names)}" for outcome in OUTCOMES if (names := named.get(outcome))
+    ]
+    if UNCHANGED in named:
+        parts.append(f"{len(named[UNCHANGED])} {UNCHANGED}")
+    metadata = {
+        "libraries": dg.MetadataValue.table(
+            records=records,
+            schema=dg.TableSchema(
+                columns=[
+                    dg.TableColumn("library_id", "int"),
+                    dg.TableColumn("library", "string"),
+                    dg.TableColumn("media_server", "string"),
+                    dg.TableColumn("outcome", "string"),
+                    dg.TableColumn("item_count", "int"),
+                    dg.TableColumn("revision", "int"),
+                    dg.TableColumn("acknowledged_revision", "int"),
+                    dg.TableColumn("profile_revision", "int"),
+                    dg.TableColumn("published", "string"),
+                    dg.TableColumn("published_at", "string"),
+                ]
+            ),
+        ),
+        "library_ids": ", ".join(str(s.library_id) for s in statuses),
+        "id_range": range_key(low),
+    }
+    return metadata, "; ".join(parts) or "no library in this range"
+
+
+def range_statuses(conn: Connection, lows: Sequence[int]) -> dict[int, list[ProfileStatus]]:
+    """Every library of each range as the database has it now, in one query."""
+    by_range: dict[int, list[ProfileStatus]] = {low: [] for low in lows}
+    for status in service.profile_status(conn, range_ids(lows)):
+        by_range[low_of(status.library_id)].append(status)
+    return by_range
 
 
 def range_key(low: int) -> str:
@@ -211,7 +264,7 @@ def range_key(low: int) -> str:
 
 def partition_of(library_id: int) -> str:
     """The key of the partition that holds a library."""
-    return range_key(library_id - library_id % PARTITION_WIDTH)
+    return range_key(low_of(library_id))
 
 
 def range_low(key: str) -> int | None:
@@ -318,15 +371,34 @@ def log_completions(
     completions: Sequence[Completion],
     stall_seconds: int,
 ) -> None:
-    """One materialization per partition holding a published or removed library, then
-    the check of every partition the batch touched, as the database sees it now."""
+    """One materialization per range holding a published or removed library, listing
+    every library of the range (one event per range, not per library: each Dagster
+    event costs several writes, and per library they were a burst's wall); with a single
+    library refreshed, that library's whole profile too. Then the check of every range
+    the batch touched, from the same read."""
     if not completions:
         return
-    done = [c for c in completions if c.outcome in ("published", "removed")]
-    labels = service.library_labels(conn, [c.library_id for c in done]) if done else {}
-    for event in range_materializations(done, labels):
-        context.log_event(event)
-    log_check_evaluations(context, conn, [c.library_id for c in completions], stall_seconds)
+    by_range = range_statuses(conn, sorted({low_of(c.library_id) for c in completions}))
+    outcomes = {c.library_id: c.outcome for c in completions}  # a library's last one
+    done: dict[int, dict[int, Completion]] = {}
+    for c in completions:
+        if c.outcome in ("published", "removed"):
+            done.setdefault(low_of(c.library_id), {})[c.library_id] = c
+    for low, libraries in sorted(done.items()):
+        metadata, description = range_summary(low, by_range[low], outcomes)
+        if len(libraries) == 1:
+            [completion] = libraries.values()
+            labels = {s.library_id: s.label for s in by_range[low]}
+            metadata.update(completion_metadata(completion, labels.get(completion.library_id)))
+        context.log_event(
+            dg.AssetMaterialization(
+                asset_key=PROFILE_ASSET,
+                partition=range_key(low),
+                description=description,
+                metadata=metadata,
+            )
+        )
+    record_checks(context, by_range, stall_seconds)
 
 
 @dg.job(
@@ -341,21 +413,12 @@ def library_profile_refresh() -> None:
 
 def _backfill_metadata(
     conn: Connection, result: service.BackfillResult, label: LibraryLabel | None
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> dict[str, Any]:
     """A refresh done by this run shows what it generated; one done by another worker
-    meanwhile shows the profile stored now. Returns the library's whole metadata and its
-    row of the range summary."""
+    meanwhile shows the profile stored now."""
     if result.completion is not None:
-        return (
-            completion_metadata(result.completion, label),
-            brief_metadata(result.completion, label),
-        )
-    metadata: dict[str, Any] = {
-        "library_id": result.library_id,
-        **label_metadata(label),
-        "outcome": result.status,
-    }
-    brief: dict[str, Any] = {**label_metadata(label)}
+        return completion_metadata(result.completion, label)
+    metadata: dict[str, Any] = {"library_id": result.library_id, **label_metadata(label)}
     stored = service.stored_profile(conn, result.library_id)
     if stored is None:
         metadata["profile"] = "none: the library has no items"
@@ -363,12 +426,14 @@ def _backfill_metadata(
         metadata["item_count"] = stored.item_count
         metadata["profile_revision"] = stored.inventory_revision
         metadata.update(profile_metadata(stored.profile))
-        brief.update(
-            item_count=stored.item_count,
-            profile_revision=stored.inventory_revision,
-            published=published_traits(stored.profile),
-        )
-    return metadata, brief
+    return metadata
+
+
+def backfill_outcome(result: service.BackfillResult) -> str:
+    """A backfill's result in the vocabulary of every range summary."""
+    if result.completion is not None:
+        return result.completion.outcome
+    return "failed" if result.status in ("failed", "inactive") else UNCHANGED
 
 
 class LibraryProfileConfig(dg.Config):
@@ -378,40 +443,6 @@ class LibraryProfileConfig(dg.Config):
         default_factory=list,
         description="Refresh only these library ids (each inside one of the run's partitions).",
     )
-
-
-def range_summary(low: int, outcomes: Sequence[tuple[int, str, dict[str, Any]]]) -> dict[str, Any]:
-    """A partition's materialization: what happened to each of its libraries."""
-    records = [
-        dg.TableRecord(
-            {
-                "library_id": library_id,
-                "library": str(metadata.get("library", "")),
-                "outcome": outcome,
-                "item_count": int(metadata.get("item_count", 0)),
-                "profile_revision": int(metadata.get("profile_revision", 0)),
-                "published": str(metadata.get("published", "")),
-            }
-        )
-        for library_id, outcome, metadata in outcomes
-    ]
-    return {
-        "libraries": dg.MetadataValue.table(
-            records=records,
-            schema=dg.TableSchema(
-                columns=[
-                    dg.TableColumn("library_id", "int"),
-                    dg.TableColumn("library", "string"),
-                    dg.TableColumn("outcome", "string"),
-                    dg.TableColumn("item_count", "int"),
-                    dg.TableColumn("profile_revision", "int"),
-                    dg.TableColumn("published", "string"),
-                ]
-            ),
-        ),
-        "library_ids": ", ".join(str(library_id) for library_id, _, _ in outcomes),
-        "id_range": range_key(low),
-    }
 
 
 @dg.asset(
@@ -434,7 +465,7 @@ def library_profile(
 ) -> Iterator[dg.MaterializeResult[None]]:
     lows = range_lows_of(context.partition_keys)
     failed: list[str] = []
-    outcomes: dict[int, list[tuple[int, str, dict[str, Any]]]] = {low: [] for low in lows}
+    outcomes: dict[int, str] = {}
     # One partition per run (the default backfill policy): the output is the partition's
     # materialization, and the check step, when the run includes it, evaluates against
     # it. Otherwise (a partition range, or the check left out) this op records the check.
@@ -454,32 +485,39 @@ def library_profile(
         labels = service.library_labels(conn, library_ids)
         for result in service.backfill(conn, library_ids, inventory_db.policy()):
             label = labels.get(result.library_id)
-            low = result.library_id - result.library_id % PARTITION_WIDTH
+            outcome = outcomes[result.library_id] = backfill_outcome(result)
             if result.status in ("refreshed", "refreshed_elsewhere", "never_stocked"):
-                metadata, brief = _backfill_metadata(conn, result, label)
-                outcomes[low].append((result.library_id, result.status, brief))
                 context.log_event(
                     dg.AssetMaterialization(
-                        asset_key=PROFILE_ASSET, partition=range_key(low), metadata=metadata
+                        asset_key=PROFILE_ASSET,
+                        partition=partition_of(result.library_id),
+                        description=describe_library(result.library_id, label, outcome),
+                        metadata=_backfill_metadata(conn, result, label),
                     )
                 )
             else:
-                reason = result.error or result.status
-                outcomes[low].append((result.library_id, reason, label_metadata(label)))
-                failed.append(f"{result.library_id} ({reason})")
-        summaries = {low: range_summary(low, done) for low, done in outcomes.items() if done}
+                failed.append(f"{result.library_id} ({result.error or result.status})")
+        by_range = range_statuses(conn, lows)
+        touched = {low_of(library_id) for library_id in outcomes}
+        summaries = {
+            low: range_summary(low, by_range[low], outcomes) for low in lows if low in touched
+        }
         if not single:
-            for low, summary in summaries.items():
+            for low, (summary, description) in summaries.items():
                 context.log_event(
                     dg.AssetMaterialization(
-                        asset_key=PROFILE_ASSET, partition=range_key(low), metadata=summary
+                        asset_key=PROFILE_ASSET,
+                        partition=range_key(low),
+                        description=description,
+                        metadata=summary,
                     )
                 )
         elif not failed:
-            yield dg.MaterializeResult(metadata=summaries[lows[0]])
+            summary, description = summaries[lows[0]]
+            yield dg.MaterializeResult(metadata={**summary, "summary": description})
         if not check_step or failed:
             # A failed run skips the check step: the evaluation says what went wrong.
-            log_check_evaluations(context, conn, library_ids, inventory_db.policy().stall_seconds)
+            record_checks(context, by_range, inventory_db.policy().stall_seconds)
     if failed:
         raise dg.Failure(f"profiles not refreshed for libraries: {', '.join(failed)}")
 
@@ -536,6 +574,8 @@ def range_verdict(statuses: Sequence[ProfileStatus], stall_seconds: int) -> Rang
         (s for s in statuses if not s.current), key=lambda s: s.catching_up(stall_seconds)
     )
     lags = [s.dirty_seconds for s in behind if s.dirty_seconds is not None]
+    minutes, seconds = divmod(stall_seconds, 60)
+    threshold = f"{minutes} min" if minutes and not seconds else f"{stall_seconds} s"
     metadata: dict[str, Any] = {
         "libraries": len(statuses),
         "current": len(statuses) - len(behind),
@@ -545,19 +585,27 @@ def range_verdict(statuses: Sequence[ProfileStatus], stall_seconds: int) -> Rang
     if not behind:
         noun = "library" if len(statuses) == 1 else "libraries"
         return RangeVerdict(True, error, f"{len(statuses)} {noun} current", metadata)
-    named = "; ".join(f"library {s.library_id}: {s.reason}" for s in behind[:NAMED_LIBRARIES])
+    named = "; ".join(_behind(s, stall_seconds) for s in behind[:NAMED_LIBRARIES])
     more = f" and {len(behind) - NAMED_LIBRARIES} more" if len(behind) > NAMED_LIBRARIES else ""
     metadata["not_current"] = ", ".join(str(s.library_id) for s in behind)
     if all(s.catching_up(stall_seconds) for s in behind):
-        minutes, seconds = divmod(stall_seconds, 60)
-        threshold = f"{minutes} min" if minutes and not seconds else f"{stall_seconds} s"
         return RangeVerdict(
             False,
             warn,
             f"{named}{more}; catching up, within the {threshold} stall threshold",
             metadata,
         )
-    return RangeVerdict(False, error, f"{named}{more}", metadata)
+    stalled = any(s.acknowledged_revision < s.revision for s in behind)
+    past = f"; stall threshold {threshold}" if stalled else ""
+    return RangeVerdict(False, error, f"{named}{more}{past}", metadata)
+
+
+def _behind(status: ProfileStatus, stall_seconds: int) -> str:
+    """Why one library is not current; for a stall, how long its change has waited."""
+    waited = ""
+    if status.dirty_seconds is not None and not status.catching_up(stall_seconds):
+        waited = f", waiting {int(status.dirty_seconds) // 60} min"
+    return f"library {status.library_id}: {status.reason}{waited}"
 
 
 def target_materialization(
@@ -603,20 +651,15 @@ def target_materializations(
     return found
 
 
-def log_check_evaluations(
+def record_checks(
     context: dg.OpExecutionContext | dg.AssetExecutionContext,
-    conn: Connection,
-    library_ids: Sequence[int],
+    by_range: dict[int, list[ProfileStatus]],
     stall_seconds: int,
 ) -> None:
-    """Record the check of every partition a run touched, as the database sees all of
-    its libraries now (one query), against the partition's latest materialization."""
-    lows = sorted({library_id - library_id % PARTITION_WIDTH for library_id in library_ids})
-    by_range: dict[int, list[ProfileStatus]] = {low: [] for low in lows}
-    for status in service.profile_status(conn, range_ids(lows)):
-        by_range[status.library_id - status.library_id % PARTITION_WIDTH].append(status)
-    targets = target_materializations(context.instance, [range_key(low) for low in lows])
-    for low, statuses in by_range.items():
+    """Record the check of every range a run touched, from its libraries as the database
+    has them (`range_statuses`), against the range's latest materialization."""
+    targets = target_materializations(context.instance, [range_key(low) for low in by_range])
+    for low, statuses in sorted(by_range.items()):
         partition = range_key(low)
         verdict = range_verdict(statuses, stall_seconds)
         # AssetCheckEvaluation is accepted at run time; the annotation predates it.
@@ -632,6 +675,13 @@ def log_check_evaluations(
                 target_materialization_data=targets.get(partition),
             )
         )
+
+
+def plural(count: int, noun: str) -> str:
+    """The noun for a count: one library, two libraries."""
+    if count == 1:
+        return noun
+    return noun[:-1] + "ies" if noun.endswith("y") else noun + "s"
 
 
 def _partition_order(key: str) -> tuple[int, int, str]:
@@ -727,6 +777,7 @@ def library_profile_sensor(
     with inventory_db.connection() as conn:
         plan = service.plan(conn, policy)
         claimable = service.claimable(conn, max_runs * policy.run_claims)
+        behind = service.dirty(conn, DIRTY_SHOWN) if claimable == 0 else 0
         fingerprint = service.library_fingerprint(conn)
         # A cursor of another width (one key per library before) was synced to other keys.
         recent = (
@@ -764,13 +815,25 @@ def library_profile_sensor(
                 "width": PARTITION_WIDTH,
             }
     wanted = min(max_runs, -(-claimable // policy.run_claims))
-    launches = max(0, wanted - runs_waiting(context.instance, library_profile_refresh.name))
+    waiting = runs_waiting(context.instance, library_profile_refresh.name)
+    launches = max(0, wanted - waiting)
     first = int(state["runs"])
+    # What the tick found and does, the same line in each request's tags and in the
+    # skip reason: a preview from the UI shows one of the two.
+    found = (
+        f"{claimable} {plural(claimable, 'library')} to refresh "
+        f"({plan.planned} planned by this tick, {plan.expired} expired leases)"
+    )
     runs = [
         dg.RunRequest(
             # Unique per launch: Dagster never re-fires a run_key whose run failed.
             run_key=f"profile-refresh-{first + n + 1}",
-            tags={QUEUE_TAG: REFRESH_QUEUE, "inventory_pipeline/claimable": str(claimable)},
+            tags={
+                QUEUE_TAG: REFRESH_QUEUE,
+                "inventory_pipeline/claimable": str(claimable),
+                PLAN_TAG: f"{found}; launching {launches} {plural(launches, 'run')} "
+                f"of up to {policy.run_claims} claims each",
+            },
         )
         for n in range(launches)
     ]
@@ -778,16 +841,22 @@ def library_profile_sensor(
     cursor = json.dumps(state, sort_keys=True)
     if cursor != context.cursor:
         context.update_cursor(cursor)
-    reason = "nothing to refresh" if claimable == 0 else "runs already waiting to start"
-    skip = f"{removed}{reason} (claimable: {claimable}, expired leases: {plan.expired})"
+    if claimable == 0 and behind == 0:
+        reason = "nothing to refresh"
+    elif claimable == 0:
+        reason = (
+            f"nothing to claim now: {behind}{'+' if behind == DIRTY_SHOWN else ''} "
+            f"{plural(behind, 'library')} behind, each waiting for its running refresh "
+            "or a retry"
+        )
+    else:
+        reason = f"{found}; {waiting} {plural(waiting, 'run')} already waiting to start"
+    skip = f"{removed}{reason}"
     if added:
         skip = f"added {len(added)} partitions; {skip}"
     if not runs and not partition_requests:
         return dg.SkipReason(skip)
-    context.log.info(
-        f"planned {len(plan.inventory)} inventory and {len(plan.native)} native requests; "
-        f"{claimable} claimable"
-    )
+    context.log.info(found)
     return dg.SensorResult(
         run_requests=runs,
         dynamic_partitions_requests=partition_requests,
@@ -816,44 +885,34 @@ def library_profile_staleness_sensor(
     one batch and without a run. The refresh that acknowledges the library records the
     partition's evaluation again."""
     policy = inventory_db.policy()
-    with inventory_db.connection() as conn:
-        stalled = service.stalled_libraries(conn, policy, STALL_BATCH)
     reported: dict[str, int] = json.loads(context.cursor) if context.cursor else {}
     known = set(context.instance.get_dynamic_partitions(PARTITIONS_NAME))
-    newly: dict[str, list[StalledLibrary]] = {}
+    newly: dict[int, list[StalledLibrary]] = {}
     now_reported: dict[str, int] = {}
-    for lib in stalled:
-        partition = partition_of(lib.library_id)
-        if partition not in known:
-            continue  # the partition sync adds it; reported on a later tick
-        now_reported[str(lib.library_id)] = lib.revision
-        if reported.get(str(lib.library_id)) != lib.revision:
-            newly.setdefault(partition, []).append(lib)
+    with inventory_db.connection() as conn:
+        for lib in service.stalled_libraries(conn, policy, STALL_BATCH):
+            if partition_of(lib.library_id) not in known:
+                continue  # the partition sync adds it; reported on a later tick
+            now_reported[str(lib.library_id)] = lib.revision
+            if reported.get(str(lib.library_id)) != lib.revision:
+                newly.setdefault(low_of(lib.library_id), []).append(lib)
+        # Each range's verdict from all of its libraries: the same figures as every
+        # evaluation of this check, so its plots compare like with like.
+        by_range = range_statuses(conn, sorted(newly))
+    targets = target_materializations(context.instance, [range_key(low) for low in by_range])
     events = []
-    for partition, libs in newly.items():
-        lib = libs[0]  # the oldest stall of the partition
-        more = f"; {len(libs) - 1} more libraries of this range stalled" if len(libs) > 1 else ""
+    for low, statuses in by_range.items():
+        verdict = range_verdict(statuses, policy.stall_seconds)
         events.append(
             dg.AssetCheckEvaluation(
                 asset_key=PROFILE_ASSET,
                 check_name=CHECK_NAME,
-                passed=False,
-                partition=partition,
-                description=(
-                    f"stalled: library {lib.library_id} inventory revision {lib.revision} "
-                    f"waiting {lib.stalled_seconds // 60} min (acknowledged "
-                    f"{lib.acknowledged_revision}, threshold {policy.stall_seconds // 60} min)"
-                    f"{more}"
-                ),
-                metadata={
-                    "library_id": lib.library_id,
-                    "revision": lib.revision,
-                    "acknowledged_revision": lib.acknowledged_revision,
-                    "dirty_since": lib.dirty_since.isoformat(),
-                    "stalled_seconds": lib.stalled_seconds,
-                    "stalled_libraries": ", ".join(str(x.library_id) for x in libs),
-                },
-                target_materialization_data=target_materialization(context.instance, partition),
+                passed=verdict.passed,
+                severity=verdict.severity,
+                partition=range_key(low),
+                description=verdict.description,
+                metadata=verdict.metadata,
+                target_materialization_data=targets.get(range_key(low)),
             )
         )
     cursor = json.dumps(now_reported, sort_keys=True)

@@ -177,13 +177,19 @@ class BackfillRequest:
 
 @dataclass(frozen=True)
 class ProfileStatus:
+    """A library's profile as stored against its inventory: what a range's check
+    judges and what its summary shows."""
+
     library_id: int
+    label: LibraryLabel
     revision: int
     acknowledged_revision: int
     profile_revision: int | None
     item_count: int | None
     items: int
-    dirty_seconds: float | None = None  # since the first unacknowledged change; None: clean
+    dirty_seconds: float | None  # since the first unacknowledged change; None: clean
+    published_at: datetime | None
+    published_traits: tuple[str, ...]
 
     @property
     def current(self) -> bool:

@@ -218,6 +218,16 @@ FROM (
     LIMIT %(limit)s
 ) AS claimable;
 
+-- name: count_dirty
+-- Libraries whose inventory is ahead of their profile, counted up to a bound (the
+-- dirty index): what a tick with nothing to claim says is still being worked on.
+SELECT count(*) AS dirty
+FROM (
+    SELECT 1 FROM library_inventory_state
+    WHERE revision > acknowledged_revision
+    LIMIT %(limit)s
+) AS dirty;
+
 -- name: read_revision
 -- Read in the same REPEATABLE READ snapshot as the projection: the revision the
 -- generated profile reflects.
@@ -376,12 +386,19 @@ SELECT count(*) AS libraries,
 FROM libraries;
 
 -- name: profile_status
--- Is each library's profile current with its revision, and how long has it been dirty?
+-- Is each library's profile current with its revision, how long has it been dirty, and
+-- what a reader needs to recognise it: name, media server, when its profile was
+-- published and which traits it publishes.
 SELECT s.library_id, s.revision, s.acknowledged_revision,
        p.inventory_revision AS profile_revision, p.item_count, p.generated_at,
        extract(epoch FROM now() - s.dirty_since)::float8 AS dirty_seconds,
-       (SELECT count(*) FROM media_server_items i WHERE i.library_id = s.library_id) AS items
+       (SELECT count(*) FROM media_server_items i WHERE i.library_id = s.library_id) AS items,
+       l.name, l.media_kind, m.name AS server_name, m.kind AS server_kind,
+       ARRAY(SELECT t.key FROM jsonb_each(p.profile) t
+             WHERE t.value ->> 'status' = 'published' ORDER BY t.key) AS published_traits
 FROM library_inventory_state s
+JOIN libraries l ON l.id = s.library_id
+JOIN media_servers m ON m.id = l.server_id
 LEFT JOIN library_profiles p ON p.library_id = s.library_id
 WHERE s.library_id = ANY (%(library_ids)s)
 ORDER BY s.library_id;

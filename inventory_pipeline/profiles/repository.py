@@ -194,6 +194,11 @@ def count_claimable(conn: Connection, limit: int) -> int:
     return 0 if row is None else int(row["claimable"])
 
 
+def count_dirty(conn: Connection, limit: int) -> int:
+    row = fetch_one(conn, QUERIES["count_dirty"], {"limit": limit})
+    return 0 if row is None else int(row["dirty"])
+
+
 def read_revision(conn: Connection, library_id: int) -> int | None:
     row = fetch_one(conn, QUERIES["read_revision"], {"library_id": library_id})
     return None if row is None else int(row["revision"])
@@ -280,29 +285,33 @@ def profile_status(conn: Connection, library_ids: Sequence[int]) -> list[Profile
     return [
         ProfileStatus(
             library_id=r["library_id"],
+            label=_label(r),
             revision=r["revision"],
             acknowledged_revision=r["acknowledged_revision"],
             profile_revision=r["profile_revision"],
             item_count=r["item_count"],
             items=r["items"],
             dirty_seconds=r["dirty_seconds"],
+            published_at=r["generated_at"],
+            published_traits=tuple(r["published_traits"]),
         )
         for r in rows
     ]
+
+
+def _label(row: Row) -> LibraryLabel:
+    return LibraryLabel(
+        library_id=row["library_id"],
+        name=row["name"],
+        media_kind=row["media_kind"],
+        server_name=row["server_name"],
+        server_kind=row["server_kind"],
+    )
 
 
 def library_labels(conn: Connection, library_ids: Sequence[int]) -> list[LibraryLabel]:
     rows = fetch_all(conn, QUERIES["library_labels"], {"library_ids": list(library_ids)})
-    return [
-        LibraryLabel(
-            library_id=r["library_id"],
-            name=r["name"],
-            media_kind=r["media_kind"],
-            server_name=r["server_name"],
-            server_kind=r["server_kind"],
-        )
-        for r in rows
-    ]
+    return [_label(r) for r in rows]
 
 
 def stored_profile(conn: Connection, library_id: int) -> StoredProfile | None:

@@ -86,6 +86,11 @@ def claimable(conn: Connection, limit: int) -> int:
     return repository.count_claimable(conn, limit)
 
 
+def dirty(conn: Connection, limit: int) -> int:
+    """Libraries whose profile is behind their inventory, counted up to `limit`."""
+    return repository.count_dirty(conn, limit)
+
+
 def read_snapshot(conn: Connection, library_id: int) -> LibrarySnapshot:
     """The library's projection and its revision, read in one snapshot.
 

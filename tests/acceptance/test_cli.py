@@ -87,7 +87,7 @@ def test_demo_refresh_status_on_a_server(db_url: str, tmp_path: Path) -> None:
     env = {"INVENTORY_DATABASE_URL": db_url, "INVENTORY_DATA_DIR": str(tmp_path)}
     assert run(["migrate"], env).returncode == 0
     loaded = run(["demo"], env)
-    assert loaded.returncode == 0 and "7 demo libraries loaded" in loaded.stdout
+    assert loaded.returncode == 0 and "11 demo libraries loaded" in loaded.stdout
     assert "nothing loaded" in run(["demo"], env).stdout
     refreshed = run(["refresh"], env)
     assert refreshed.returncode == 0, refreshed.stderr

@@ -215,7 +215,7 @@ mutation ($selector: SensorSelector!, $cursor: String) {
       evaluationResult {
         skipReason
         error { message }
-        runRequests { runKey }
+        runRequests { runKey tags { key value } }
         dynamicPartitionsRequests { partitionKeys partitionsDefName type }
       }
     }
@@ -278,6 +278,7 @@ query ($key: AssetKeyInput!, $partition: String!, $limit: Int = 1) {
     ... on Asset {
       assetMaterializations(partitions: [$partition], limit: $limit) {
         partition
+        description
         metadataEntries {
           label
           __typename

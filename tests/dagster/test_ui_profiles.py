@@ -6,6 +6,7 @@ added by hand."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -213,9 +214,15 @@ def test_backfill_of_chosen_partitions_and_what_the_partition_tabs_show(
     latest, *earlier = view["latest"]
     listed = entries(latest)
     assert [row["library_id"] for row in listed["libraries"]] == [full, small]
-    assert [row["outcome"] for row in listed["libraries"]] == ["refreshed", "refreshed"]
+    assert [row["outcome"] for row in listed["libraries"]] == ["published", "published"]
+    assert listed["summary"] == f'published {full} "Films", {small} "Shorts"'
     by_library = {entries(m)["library_id"]: entries(m) for m in earlier}
     assert set(by_library) == {full, small}
+    # Each event names its library in its description (the Events tab's rows).
+    assert sorted(m["description"] for m in earlier) == [
+        f'library {full} "Films" on "Living Room Plex": published',
+        f'library {small} "Shorts" on "Living Room Plex": published',
+    ]
     shown = by_library[small]
     assert shown["library"] == "Shorts (movie)"
     assert shown["media_server"] == "Living Room Plex (plex)"
@@ -272,7 +279,15 @@ def test_partition_added_by_hand_breaks_neither_preview_nor_tick(
         for key in r["partitionKeys"]
     ]
     assert removed == ["Films"]
-    assert evaluation["runRequests"]
+    # The preview says what the tick found and would launch.
+    [request] = evaluation["runRequests"]
+    plan = {t["key"]: t["value"] for t in request["tags"]}[profile_defs.PLAN_TAG]
+    # (Libraries of the test before are behind too.)
+    assert re.fullmatch(
+        r"\d+ librar(y|ies) to refresh \(\d+ planned by this tick, 0 expired leases\); "
+        r"launching 1 run of up to 5000 claims each",
+        plan,
+    ), plan
     assert leases(app) == (0, 0)
 
     ui.start_daemon()

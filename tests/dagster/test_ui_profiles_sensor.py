@@ -95,6 +95,44 @@ def test_foreign_key_without_work_is_the_skip_reason(
     assert leases(conn)["leased"] == 0
 
 
+def test_a_tick_says_what_it_found_and_does(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    """What "Preview tick result" shows: how many libraries there are to refresh and what
+    the tick launches, or why it launches nothing while libraries are behind."""
+    lib = f.library(conn)
+    f.items(conn, lib, 6)
+    sensor = profile_defs.library_profile_sensor
+    first = tick(sensor, instance, db_url, None)
+    assert isinstance(first, dg.SensorResult)
+    [request] = first.run_requests or []
+    assert request.tags[profile_defs.PLAN_TAG] == (
+        "1 library to refresh (1 planned by this tick, 0 expired leases); "
+        "launching 1 run of up to 5000 claims each"
+    )
+    # The launched run has not started yet: a second tick waits for it, and says so.
+    instance.create_run_for_job(
+        profile_defs.library_profile_refresh, status=dg.DagsterRunStatus.NOT_STARTED
+    )
+    waiting = tick(sensor, instance, db_url, None)
+    assert isinstance(waiting, dg.SkipReason)
+    assert waiting.skip_message == (
+        "1 library to refresh (0 planned by this tick, 0 expired leases); "
+        "1 run already waiting to start"
+    )
+    # Claimed by a run that is working on it: behind, but nothing to claim.
+    [claim] = service.claim(conn, RefreshPolicy()).claims
+    busy = tick(sensor, instance, db_url, None)
+    assert isinstance(busy, dg.SkipReason)
+    assert busy.skip_message == (
+        "nothing to claim now: 1 library behind, each waiting for its running refresh or a retry"
+    )
+    assert service.process(conn, claim, RefreshPolicy()).outcome == "published"
+    assert f.state(conn, lib)["acknowledged_revision"] == f.revision(conn, lib)
+    idle = tick(sensor, instance, db_url, None)
+    assert isinstance(idle, dg.SkipReason) and idle.skip_message == "nothing to refresh"
+
+
 def test_failed_tick_leaves_no_claim_and_no_lease(
     conn: Connection, db_url: str, instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -210,6 +248,7 @@ def test_a_run_records_one_materialization_per_range_listing_its_libraries(
     assert rows[first]["item_count"] == 30 and rows[second]["item_count"] == 3
     assert rows[first]["profile_revision"] == f.state(conn, first)["acknowledged_revision"]
     assert "genres" in rows[first]["published"] and rows[second]["published"] == ""
+    assert rows[first]["outcome"] == rows[second]["outcome"] == "published"
     assert shown["library_ids"] == f"{first}, {second}"
     assert "profile" not in shown  # each profile is in the database, not repeated here
 
@@ -301,8 +340,9 @@ def test_failed_check_says_why(conn: Connection, db_url: str) -> None:
     stalled = profile_defs.range_current_result(db, low)
     assert not stalled.passed and stalled.severity == dg.AssetCheckSeverity.ERROR
     assert stalled.description == (
-        f"library {late}: inventory revision 1 not yet acknowledged (acknowledged 0); "
-        f"library {lib}: inventory revision 1 not yet acknowledged (acknowledged 0)"
+        f"library {late}: inventory revision 1 not yet acknowledged (acknowledged 0), "
+        f"waiting 16 min; library {lib}: inventory revision 1 not yet acknowledged "
+        "(acknowledged 0); stall threshold 15 min"
     )
     assert stalled.metadata["oldest_lag_seconds"].value >= 960
 
@@ -440,7 +480,8 @@ def test_stalled_library_fails_its_check_without_a_run_or_a_claim(
     assert (evaluation.partition, evaluation.passed) == (key_of(stalled), False)
     assert evaluation.description is not None
     assert evaluation.description.startswith(
-        f"stalled: library {stalled} inventory revision 1 waiting 120 min"
+        f"library {stalled}: inventory revision 1 not yet acknowledged (acknowledged 0),"
+        " waiting 120 min"
     )
     assert leases(conn) == {"running": 0, "leased": 0, "requests": 0}
     assert instance.get_runs_count() == 0

@@ -643,6 +643,28 @@ def test_the_demo_shows_three_proposals_and_two_cases_without_one(conn: Connecti
     assert {p.library for p in view.live} == {"Films", "Series"}
 
 
+def test_the_demo_shows_real_ages_in_two_partitions(conn: Connection) -> None:
+    """Its merged items' history happened at the load, not a made-up day before (the UI
+    showed "oldest not_found 1,440 min" two minutes after a fresh start); its libraries
+    fill more than one profile partition (ranges of ten ids)."""
+    from inventory_pipeline.demo import DEMO_MERGES, load_demo
+
+    before = fetch_one(conn, "SELECT clock_timestamp() AS at")
+    assert before is not None
+    load_demo(conn)
+    [oldest] = fetch_all(
+        conn,
+        "SELECT count(*) AS cases, min(least(i.observed_at, i.last_attempt_at,"
+        " i.recovery_first_failed_at, i.recovery_last_failed_at, o.observed_at)) AS at"
+        " FROM media_server_items i JOIN provider_observations o ON o.item_id = i.id"
+        " WHERE i.recovery_case_id IS NOT NULL",
+    )
+    assert oldest["cases"] == len(DEMO_MERGES)
+    assert oldest["at"] >= before["at"]
+    ranges = fetch_all(conn, "SELECT DISTINCT id / 10 AS low FROM libraries")
+    assert len(ranges) >= 2
+
+
 def test_the_syncing_program_adopts_a_replacement_with_its_own_rights(
     conn: Connection, db_url: str, movies: int, client: TmdbClient, standin: StandIn
 ) -> None:
