@@ -1,7 +1,7 @@
 """The code location: builds Definitions from defs/* (nothing else here).
 
-Resources are bound here, once: settings from the environment through `dg.EnvVar`
-(see `defs/resources.py`); settings shared at runtime live in the database.
+Resources are bound here, once: settings read from the environment when a run or tick
+starts (see `defs/resources.py`); settings shared at runtime live in the database.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from inventory_pipeline.defs import (  # noqa: E402  (after the filters above)
     stats,
     stats_maintenance,
 )
-from inventory_pipeline.defs.resources import inventory_database, tmdb_resource  # noqa: E402
+from inventory_pipeline.defs.resources import bound_resources  # noqa: E402
 
 defs = dg.Definitions(
     assets=[
@@ -72,7 +72,7 @@ defs = dg.Definitions(
         *stats_maintenance.maintenance_sensors,
     ],
     schedules=[profiles.compaction_schedule, *stats_maintenance.maintenance_schedules],
-    resources={"inventory_db": inventory_database(), "tmdb": tmdb_resource()},
+    resources=bound_resources(),
     # Every job is one op or one asset step: a subprocess per step only adds its start-up
     # (about 1.2 s per run in process against 2.5 s with the multiprocess executor).
     executor=dg.in_process_executor,

@@ -53,7 +53,7 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise SettingsError(f"{name} must be a whole number, got {raw!r}") from None
+        raise SettingsError(f"{name} must be a whole number") from None
     return checked_positive(name, value)
 
 

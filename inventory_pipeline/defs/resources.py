@@ -1,9 +1,11 @@
 """Settings as resources, read once per process and bound in `definitions.py`.
 
-Each field a user can set is bound to its environment variable with `dg.EnvVar`, so the
-value is resolved when a run or tick initializes the resource and never appears in run
-config or event logs. A variable that is unset keeps the field's default. Values are
-validated where they are used, failing the run or tick with one line (`dg.Failure`).
+The code location binds resources that read the environment when a run or tick
+initializes them (`bound_resources`): a value never appears in run config, the
+Launchpad or event logs, and a variable that is unset keeps the field's default. A bad
+value fails the run or tick with one line naming the variable (`dg.Failure`). Tests
+and tools build `InventoryDatabase` and `TmdbResource` directly with the values they
+want.
 
 Settings shared by every process and changed at runtime (the TMDb key and language, the
 stats worker's budgets, admission state) live in the database, not here.
@@ -14,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import fields
+from dataclasses import asdict, fields
 
 import dagster as dg
 
@@ -23,19 +25,14 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
 )
 
-from inventory_pipeline.db import Connection, connect
+from inventory_pipeline.db import Connection, InvalidDatabaseUrl, connect
 from inventory_pipeline.profiles.models import RefreshPolicy
 from inventory_pipeline.settings import (
     DATABASE_URL,
     DEFAULT_REVALIDATIONS_PER_HOUR,
     DEFAULT_TMDB_BASE_URL,
     MAX_RUNS_PER_TICK,
-    OBSERVATION_MAX_ITEMS,
-    OBSERVATION_WORKERS,
-    POLICY_ENV,
-    REVALIDATIONS_PER_HOUR,
-    TMDB_BASE_URL,
-    TMDB_RATE,
+    Settings,
     SettingsError,
     TmdbSettings,
     checked_policy,
@@ -112,32 +109,57 @@ class TmdbResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             raise dg.Failure(str(exc)) from None
 
 
-def _bound(env: Mapping[str, str], name: str, default: int) -> int:
-    """The field bound to its variable when set (resolved at run time), else the default."""
-    return dg.EnvVar.int(name) if env.get(name) else default
+def _settings(env: Mapping[str, str]) -> Settings:
+    """The environment's settings, or the run or tick fails in one line naming the
+    variable."""
+    try:
+        settings = Settings.from_env(env)
+    except (SettingsError, InvalidDatabaseUrl) as exc:
+        raise dg.Failure(str(exc)) from None
+    return settings
 
 
 def inventory_database(env: Mapping[str, str] | None = None) -> InventoryDatabase:
-    env = os.environ if env is None else env
-    policy = {
-        name: _bound(env, var, getattr(_POLICY_DEFAULTS, name)) for name, var in POLICY_ENV.items()
-    }
+    """The database resource as the environment has it now."""
+    settings = _settings(os.environ if env is None else env)
+    if settings.database_url is None:
+        raise dg.Failure(f"{DATABASE_URL} is not set: the application database's URL")
     return InventoryDatabase(
-        url=dg.EnvVar(DATABASE_URL),
-        runs_per_tick=_bound(env, MAX_RUNS_PER_TICK, 4),
-        **policy,
+        url=settings.database_url,
+        runs_per_tick=settings.max_runs_per_tick,
+        **asdict(settings.policy),
     )
 
 
 def tmdb_resource(env: Mapping[str, str] | None = None) -> TmdbResource:
-    env = os.environ if env is None else env
+    """The TMDb resource as the environment has it now."""
+    settings = _settings(os.environ if env is None else env)
     return TmdbResource(
-        base_url=dg.EnvVar(TMDB_BASE_URL) if env.get(TMDB_BASE_URL) else DEFAULT_TMDB_BASE_URL,
-        rate=_bound(env, TMDB_RATE, 40),
-        workers=_bound(env, OBSERVATION_WORKERS, 8),
-        max_items=_bound(env, OBSERVATION_MAX_ITEMS, 2000),
-        revalidations_per_hour=_bound(env, REVALIDATIONS_PER_HOUR, DEFAULT_REVALIDATIONS_PER_HOUR),
+        base_url=settings.tmdb_base_url,
+        rate=settings.tmdb_rate,
+        workers=settings.observation_workers,
+        max_items=settings.observation_max_items,
+        revalidations_per_hour=settings.revalidations_per_hour,
     )
+
+
+def bound_resources() -> dict[str, dg.ResourceDefinition]:
+    """The resources of the code location: read from the environment each time a run or
+    tick starts, and with no run config. Settings are deployment facts, not launch
+    choices: the Launchpad shows only the op's config, and a value typed there could not
+    quietly override the environment every other process reads."""
+    return {
+        "inventory_db": dg.ResourceDefinition(
+            resource_fn=lambda _: inventory_database(),
+            description="The application database (INVENTORY_DATABASE_URL) and the "
+            "profile refresh policy (INVENTORY_* variables), read when a run or tick starts.",
+        ),
+        "tmdb": dg.ResourceDefinition(
+            resource_fn=lambda _: tmdb_resource(),
+            description="Where and how fast TMDb is asked (INVENTORY_TMDB_* variables), "
+            "read when a run or tick starts; the key lives in the database.",
+        ),
+    }
 
 
 IN_FLIGHT = [

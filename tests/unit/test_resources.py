@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import dagster as dg
 import pytest
+import yaml
 
 from inventory_pipeline.defs.resources import (
     InventoryDatabase,
     TmdbResource,
+    bound_resources,
     inventory_database,
     tmdb_resource,
 )
@@ -17,6 +19,7 @@ from inventory_pipeline.settings import DEFAULT_TMDB_BASE_URL
 
 
 def test_unset_variables_keep_the_defaults() -> None:
+    env = {"INVENTORY_DATABASE_URL": "postgresql://u@127.0.0.1:1/x"}
     tmdb = tmdb_resource({})
     assert (tmdb.base_url, tmdb.rate, tmdb.workers, tmdb.max_items) == (
         DEFAULT_TMDB_BASE_URL,
@@ -24,7 +27,7 @@ def test_unset_variables_keep_the_defaults() -> None:
         8,
         2000,
     )
-    assert inventory_database({}).run_claims == 5000
+    assert inventory_database(env).run_claims == 5000
 
 
 def test_every_policy_field_is_a_field_of_the_database_resource() -> None:
@@ -33,27 +36,49 @@ def test_every_policy_field_is_a_field_of_the_database_resource() -> None:
     assert resource.policy() == RefreshPolicy()
 
 
-def test_set_variables_are_bound_not_copied(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The resource holds the variable's name: the value is read when a run initializes
-    it, so it is never part of the code location's snapshot or a run's config."""
-    env = {"INVENTORY_TMDB_RATE": "7", "INVENTORY_RUN_CLAIMS": "3"}
-    tmdb = tmdb_resource(env)
-    db = inventory_database(env)
-    # The values at run time are what counts, not those seen when the resources were built.
+@dg.op
+def read(tmdb: TmdbResource, inventory_db: InventoryDatabase) -> tuple[int, int]:
+    return tmdb.settings().rate, inventory_db.policy().run_claims
+
+
+@dg.job
+def settings_job() -> None:
+    read()
+
+
+def test_values_are_read_when_a_run_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The code location's resources read the environment when a run initializes them:
+    the values at run time count, never those seen when the definitions were loaded."""
+    defs = dg.Definitions(jobs=[settings_job], resources=bound_resources())
     monkeypatch.setenv("INVENTORY_TMDB_RATE", "9")
     monkeypatch.setenv("INVENTORY_RUN_CLAIMS", "4")
     monkeypatch.setenv("INVENTORY_DATABASE_URL", "postgresql://u@127.0.0.1:1/x")
-
-    @dg.op
-    def read(tmdb: TmdbResource, inventory_db: InventoryDatabase) -> tuple[int, int]:
-        return tmdb.settings().rate, inventory_db.policy().run_claims
-
-    @dg.job
-    def settings_job() -> None:
-        read()
-
-    result = settings_job.execute_in_process(resources={"tmdb": tmdb, "inventory_db": db})
+    result = defs.resolve_job_def("settings_job").execute_in_process()
     assert result.output_for_node("read") == (9, 4)
+
+
+def test_the_launchpad_shows_op_config_and_no_resource_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the Launchpad pre-fills (the run config schema's defaults, as the webserver
+    computes them): the op's config; settings are the deployment's environment, not
+    launch choices (before, 14 lines of `inventory_db` values pre-filled every job)."""
+    from dagster._core.snap import JobSnap
+    from dagster_graphql.schema.run_config import default_values_yaml_from_type_snap
+
+    from inventory_pipeline.definitions import defs
+
+    monkeypatch.setenv("INVENTORY_STALL_SECONDS", "600")
+    for name, expected in [
+        ("stats_drain", {"ops": {"drain_stats": {"config": {"max_rounds": 2000}}}}),
+        ("stats_worker_control", {"ops": {"control_stats_worker": {"config": {"action": "show"}}}}),
+        ("library_profile_refresh", {}),
+        ("provider_observation", {}),
+    ]:
+        snap = JobSnap.from_job_def(defs.resolve_job_def(name))
+        schema = snap.config_schema_snapshot
+        root = schema.get_config_snap(snap.mode_def_snaps[0].root_config_key)
+        assert yaml.safe_load(default_values_yaml_from_type_snap(schema, root)) == expected, name
 
 
 @pytest.mark.parametrize(
@@ -92,21 +117,14 @@ def test_bad_policy_values_fail_in_one_line(changes: dict[str, int], message: st
 def test_a_value_that_is_not_a_number_fails_the_run_naming_the_variable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Resolved when the run starts: the run fails before any op, naming the variable
-    and not echoing its value."""
+    """Read when the run starts: the run fails before any op, in one line naming the
+    variable and not echoing its value."""
+    monkeypatch.setenv("INVENTORY_DATABASE_URL", "postgresql://u@127.0.0.1:1/x")
     monkeypatch.setenv("INVENTORY_TMDB_RATE", "fast-9c1d")
-
-    @dg.op
-    def read(tmdb: TmdbResource) -> int:
-        return tmdb.settings().rate
-
-    @dg.job
-    def settings_job() -> None:
-        read()
-
-    defs = dg.Definitions(jobs=[settings_job], resources={"tmdb": tmdb_resource()})
-    with pytest.raises(dg.DagsterInvalidConfigError) as error:
-        defs.resolve_job_def("settings_job").execute_in_process()
-    text = str(error.value)
-    assert 'env variable "INVENTORY_TMDB_RATE" cannot be coerced into an int' in text
+    defs = dg.Definitions(jobs=[settings_job], resources=bound_resources())
+    result = defs.resolve_job_def("settings_job").execute_in_process(raise_on_error=False)
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.event_type_value == "RESOURCE_INIT_FAILURE"]
+    text = str(failure.event_specific_data)
+    assert "INVENTORY_TMDB_RATE must be a whole number" in text
     assert "fast-9c1d" not in text
