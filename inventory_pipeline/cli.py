@@ -542,7 +542,9 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
     if proposal_states:
         print(f"replacement proposals {proposal_states}")
     if wakeup is not None:
-        state = "verified" if wakeup.verified else (wakeup.last_outcome or "unverified")
+        state: str = "verified" if wakeup.verified else (wakeup.last_outcome or "unverified")
+        if state == "unverified" and wakeup.auth_cases == 0:
+            state = "unverified: probed only when authentication cases wait for it"
         print(
             f"key generation       {short(wakeup.generation)} ({state}); "
             f"{wakeup.released_total} authentication cases released"

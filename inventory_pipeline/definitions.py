@@ -31,6 +31,7 @@ from inventory_pipeline.defs import (  # noqa: E402  (after the filters above)
     observation,
     profiles,
     revalidation,
+    sources,
     stats,
     stats_maintenance,
 )
@@ -38,6 +39,8 @@ from inventory_pipeline.defs.resources import bound_resources  # noqa: E402
 
 defs = dg.Definitions(
     assets=[
+        sources.media_inventory,
+        sources.training_log,
         profiles.library_profile,
         observation.provider_observations,
         revalidation.replacement_proposals,

@@ -7,6 +7,7 @@ Only authentication cases are woken; other failure categories keep their cooldow
 # No `from __future__ import annotations`: Dagster reads these signatures at definition
 # time and compares the context annotation to real classes.
 
+import json
 from typing import Any
 
 import dagster as dg
@@ -21,6 +22,7 @@ from inventory_pipeline.defs.resources import (
     latest_materialization,
     run_in_flight,
 )
+from inventory_pipeline.defs.sources import CREDENTIALS_GROUP
 from inventory_pipeline.defs.ticks import logged
 
 WAKEUP_QUEUE = "credential_wakeup"
@@ -30,6 +32,8 @@ PROBE_FAILURES = ("auth", "throttled", "transient", "invalid_response")
 
 tmdb_credential = dg.AssetSpec(
     CREDENTIAL,
+    group_name=CREDENTIALS_GROUP,
+    kinds={"postgres"},
     description="The TMDb key saved in the database (`inventory-pipeline tmdb-key`): each "
     "verification of its current generation is a materialization; the key itself is "
     "never shown.",
@@ -81,7 +85,8 @@ def key_check(
     return (
         True,
         error,
-        f"key generation {generation}: no authentication case needs a probe",
+        f"key generation {generation} is unverified, which is expected: a key is probed "
+        "only when authentication cases wait for it, and none does",
         metadata,
     )
 
@@ -181,25 +186,58 @@ def credential_wakeup() -> None:
 @logged
 def credential_wakeup_sensor(
     context: dg.SensorEvaluationContext, inventory_db: InventoryDatabase
-) -> dg.RunRequest | dg.SkipReason:
+) -> dg.RunRequest | dg.SkipReason | dg.SensorResult:
+    """A tick that launches nothing records the key check when its answer changed (a key
+    saved or removed, a new generation), so `tmdb_key_verified` always says where the key
+    stands, including why a key nobody needed to probe is unverified."""
     with inventory_db.connection() as conn:
         status = service.status(conn)
+    state = _read_cursor(context.cursor)
     if status is None or status.auth_cases == 0:
-        return dg.SkipReason("no authentication cases")
-    if not (status.wants_probe or status.wants_release):
-        return dg.SkipReason(
-            f"generation {short(status.generation)}: "
-            + ("verified, nothing to release now" if status.verified else "probe not due")
+        skip = "no authentication cases"
+    elif not (status.wants_probe or status.wants_release):
+        skip = f"generation {short(status.generation)}: " + (
+            "verified, nothing to release now" if status.verified else "probe not due"
         )
-    if run_in_flight(context.instance, credential_wakeup.name):
+    elif run_in_flight(context.instance, credential_wakeup.name):
         # A stuck or queued run would only have launches stack up behind it.
-        return dg.SkipReason("a credential wakeup run is already queued or running")
-    launch = int(context.cursor or "0") + 1
-    context.update_cursor(str(launch))
-    return dg.RunRequest(
-        run_key=f"wakeup-{short(status.generation)}-{launch}",
-        tags={"inventory_pipeline/generation": short(status.generation)},
+        skip = "a credential wakeup run is already queued or running"
+    else:
+        launch = int(state["launches"]) + 1
+        context.update_cursor(json.dumps({**state, "launches": launch}, sort_keys=True))
+        return dg.RunRequest(
+            run_key=f"wakeup-{short(status.generation)}-{launch}",
+            tags={"inventory_pipeline/generation": short(status.generation)},
+        )
+    passed, severity, description, metadata = key_check(status, None)
+    if state.get("check") == description:
+        return dg.SkipReason(skip)
+    evaluation = dg.AssetCheckEvaluation(
+        asset_key=CREDENTIAL,
+        check_name=KEY_CHECK,
+        passed=passed,
+        severity=severity,
+        description=description,
+        metadata=metadata,
+        target_materialization_data=latest_materialization(context.instance, CREDENTIAL),
     )
+    context.update_cursor(json.dumps({**state, "check": description}, sort_keys=True))
+    return dg.SensorResult(asset_events=[evaluation], skip_reason=skip)
+
+
+def _read_cursor(cursor: str | None) -> dict[str, Any]:
+    """Launches so far and the key check last recorded; a bare integer is the older
+    cursor (launches only)."""
+    if not cursor:
+        return {"launches": 0}
+    if cursor.isdigit():
+        return {"launches": int(cursor)}
+    try:
+        state = json.loads(cursor)
+    except ValueError:
+        return {"launches": 0}
+    valid = isinstance(state, dict) and isinstance(state.get("launches"), int)
+    return state if valid else {"launches": 0}
 
 
 @dg.asset_check(

@@ -14,6 +14,7 @@ from typing import Any
 import dagster as dg
 
 from inventory_pipeline.db import Connection
+from inventory_pipeline.defs.credentials import CREDENTIAL
 from inventory_pipeline.defs.resources import (
     QUEUE_TAG,
     InventoryDatabase,
@@ -21,6 +22,7 @@ from inventory_pipeline.defs.resources import (
     latest_materialization,
     run_in_flight,
 )
+from inventory_pipeline.defs.sources import PROVIDER_GROUP, media_inventory
 from inventory_pipeline.defs.ticks import logged
 from inventory_pipeline.recovery import service
 from inventory_pipeline.recovery.models import CaseAge, OpenCase
@@ -32,6 +34,9 @@ RECOVERY_CHECK = "recovery_cases_on_time"
 
 provider_observations = dg.AssetSpec(
     OBSERVATIONS,
+    group_name=PROVIDER_GROUP,
+    deps=[media_inventory, CREDENTIAL],
+    kinds={"postgres"},
     description="Validated TMDb observations of movie/TV items, and one recovery record "
     "per item whose last observation failed.",
 )

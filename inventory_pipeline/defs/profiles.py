@@ -37,6 +37,7 @@ from pydantic import Field
 
 from inventory_pipeline.db import Connection
 from inventory_pipeline.defs.resources import QUEUE_TAG, InventoryDatabase, runs_waiting
+from inventory_pipeline.defs.sources import PROFILES_GROUP, media_inventory
 from inventory_pipeline.defs.ticks import logged
 from inventory_pipeline.profiles import service
 from inventory_pipeline.profiles.generator import held_back_reason
@@ -448,6 +449,9 @@ class LibraryProfileConfig(dg.Config):
 @dg.asset(
     key=PROFILE_ASSET,
     partitions_def=library_partitions,
+    group_name=PROFILES_GROUP,
+    deps=[media_inventory],
+    kinds={"postgres"},
     output_required=False,
     description=(
         "Per-library profile: item count and, per trait, its distribution and coverage. "

@@ -15,12 +15,14 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from inventory_pipeline.defs.observation import OBSERVATIONS
 from inventory_pipeline.defs.resources import (
     QUEUE_TAG,
     InventoryDatabase,
     TmdbResource,
     run_in_flight,
 )
+from inventory_pipeline.defs.sources import PROVIDER_GROUP
 from inventory_pipeline.defs.ticks import logged
 from inventory_pipeline.recovery import service as recovery
 from inventory_pipeline.revalidation import service
@@ -32,6 +34,9 @@ TABLE_ROWS = 50  # rows of each metadata table; the counts cover all
 
 replacement_proposals = dg.AssetSpec(
     PROPOSALS,
+    group_name=PROVIDER_GROUP,
+    deps=[OBSERVATIONS],
+    kinds={"postgres"},
     description="Replacement identities proposed for unresolved TMDb 404s on corroborated "
     "external-id evidence, waiting for an operator's approval (nothing is applied without "
     "it), and the checks that proposed nothing, with why.",

@@ -15,6 +15,7 @@ from typing import Any
 import dagster as dg
 
 from inventory_pipeline.defs.resources import QUEUE_TAG, InventoryDatabase, run_in_flight
+from inventory_pipeline.defs.sources import STATS_GROUP, training_log
 from inventory_pipeline.defs.ticks import logged
 from inventory_pipeline.stats import maintenance, runbook, service
 from inventory_pipeline.stats.models import DrainSummary
@@ -26,11 +27,17 @@ PR_OVERVIEW = dg.AssetKey("pr_overview")
 
 exercise_stats = dg.AssetSpec(
     EXERCISE_STATS,
+    group_name=STATS_GROUP,
+    deps=[training_log],
+    kinds={"postgres"},
     description="Per user and exercise: sessions, working sets, reps, volume, heaviest "
     "weight, best estimated 1RM (Epley), first and last date.",
 )
 pr_overview = dg.AssetSpec(
     PR_OVERVIEW,
+    group_name=STATS_GROUP,
+    deps=[training_log],
+    kinds={"postgres"},
     description="Per user and generation: the PR overview (best estimated 1RM all time, "
     "last 30 days, the same 30 days a year before, heaviest weight), read through "
     "`get_pr_overview`; a drain that publishes materializes it with the generations it "
@@ -38,6 +45,9 @@ pr_overview = dg.AssetSpec(
 )
 period_stats = dg.AssetSpec(
     PERIOD_STATS,
+    group_name=STATS_GROUP,
+    deps=[training_log],
+    kinds={"postgres"},
     description="Per user and period (day, ISO week, month, quarter, year): sessions, "
     "working sets, reps, volume.",
 )

@@ -122,6 +122,8 @@ def test_tmdb_key_from_stdin_then_observe(db_url: str, tmp_path: Path) -> None:
         assert "cli-key-93be" not in observed.stdout + observed.stderr
         status = run(["status"], env)
         assert "TMDb key             active" in status.stdout
+        # No authentication case waits for the key, so nothing probed it; said why.
+        assert "(unverified: probed only when authentication cases wait for it)" in status.stdout
         assert "open recovery cases" in status.stdout
         # The oldest open cases by title, library and TMDb id.
         assert "  item " in status.stdout and " attempts, next " in status.stdout

@@ -21,6 +21,13 @@ def instance() -> Iterator[dg.DagsterInstance]:
         yield inst
 
 
+def skipped(answer: object) -> bool:
+    """A tick that launches nothing: a skip, or the key check recorded with a skip."""
+    if isinstance(answer, dg.SensorResult):
+        return not answer.run_requests and answer.skip_reason is not None
+    return isinstance(answer, dg.SkipReason)
+
+
 def test_sensor_launches_verification_then_release(
     conn: Connection,
     db_url: str,
@@ -30,7 +37,7 @@ def test_sensor_launches_verification_then_release(
     db = InventoryDatabase(url=db_url)
     resources = {"inventory_db": db, "tmdb": TmdbResource(base_url=standin.url)}
     context = dg.build_sensor_context(instance=instance, resources={"inventory_db": db})
-    assert isinstance(wake_defs.credential_wakeup_sensor(context), dg.SkipReason)
+    assert skipped(wake_defs.credential_wakeup_sensor(context))
     f.provider_key(conn, TMDB_TEST_KEY)
     f.auth_cases(conn, f.library(conn), 3)
     request = wake_defs.credential_wakeup_sensor(context)
@@ -48,7 +55,7 @@ def test_sensor_launches_verification_then_release(
     assert len(str(shown["generation"])) == 8
     assert TMDB_TEST_KEY not in str(shown)
     # Nothing left to release: the sensor skips; a new key generation is probed again.
-    assert isinstance(wake_defs.credential_wakeup_sensor(context), dg.SkipReason)
+    assert skipped(wake_defs.credential_wakeup_sensor(context))
     execute(conn, "UPDATE provider_settings SET api_key = 'rotated-key'")
     assert isinstance(wake_defs.credential_wakeup_sensor(context), dg.RunRequest)
 
@@ -121,6 +128,35 @@ def test_sensor_never_stacks_runs_behind_one_in_flight(
         wake_defs.credential_wakeup, status=dg.DagsterRunStatus.STARTED
     )
     skip = wake_defs.credential_wakeup_sensor(context)
-    assert isinstance(skip, dg.SkipReason) and "already" in str(skip.skip_message)
+    assert skipped(skip) and "already" in str(skip)
     instance.report_run_failed(stuck)
     assert isinstance(wake_defs.credential_wakeup_sensor(context), dg.RunRequest)
+
+
+def test_a_key_nobody_needed_to_probe_says_why_it_is_unverified(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    """The demo's key, or any key saved while no authentication case waits: nothing
+    probes it, and the check says so instead of showing no status (0/1) while `status`
+    printed a bare "unverified". Recorded once per change, not every tick."""
+    context = dg.build_sensor_context(
+        instance=instance, resources={"inventory_db": InventoryDatabase(url=db_url)}
+    )
+    missing = wake_defs.credential_wakeup_sensor(context)
+    assert isinstance(missing, dg.SensorResult)
+    [absent] = missing.asset_events
+    assert isinstance(absent, dg.AssetCheckEvaluation) and not absent.passed
+    assert absent.description == "no active TMDb key is saved (inventory-pipeline tmdb-key)"
+    f.provider_key(conn, TMDB_TEST_KEY)
+    saved = wake_defs.credential_wakeup_sensor(context)
+    assert isinstance(saved, dg.SensorResult)
+    [evaluation] = saved.asset_events
+    assert isinstance(evaluation, dg.AssetCheckEvaluation)
+    assert evaluation.passed and evaluation.check_name == wake_defs.KEY_CHECK
+    assert evaluation.description is not None
+    assert evaluation.description.endswith(
+        "is unverified, which is expected: a key is probed only when authentication cases "
+        "wait for it, and none does"
+    )
+    assert TMDB_TEST_KEY not in str(evaluation)
+    assert isinstance(wake_defs.credential_wakeup_sensor(context), dg.SkipReason)

@@ -28,13 +28,27 @@ def instance() -> Iterator[dg.DagsterInstance]:
 # The code location, by name: adding, renaming or removing one is a deliberate change here.
 ASSETS = [
     "library_profile",
+    "media_inventory",
     "pr_overview",
     "provider_observations",
     "replacement_proposals",
     "tmdb_credential",
+    "training_log",
     "user_exercise_stats",
     "user_training_period_stats",
 ]
+# Each asset's group (its capability) and what it is derived from.
+LINEAGE = {
+    "media_inventory": ("system_of_record", []),
+    "training_log": ("system_of_record", []),
+    "library_profile": ("library_profiles", ["media_inventory"]),
+    "provider_observations": ("provider_recovery", ["media_inventory", "tmdb_credential"]),
+    "replacement_proposals": ("provider_recovery", ["provider_observations"]),
+    "tmdb_credential": ("credentials", []),
+    "user_exercise_stats": ("training_stats", ["training_log"]),
+    "user_training_period_stats": ("training_stats", ["training_log"]),
+    "pr_overview": ("training_stats", ["training_log"]),
+}
 CHECKS = [
     "library_profile.library_profile_current",
     "provider_observations.recovery_cases_on_time",
@@ -83,6 +97,14 @@ def test_definitions_snapshot() -> None:
     assert sorted(s.name for s in repo.sensor_defs) == SENSORS
     assert sorted(s.name for s in repo.schedule_defs) == SCHEDULES
     assert profile_defs.library_partitions.name == "inventory_pipeline__library_profile"
+    lineage = {
+        key.to_user_string(): (
+            graph.get(key).group_name,
+            sorted(p.to_user_string() for p in graph.get(key).parent_keys),
+        )
+        for key in graph.get_all_asset_keys()
+    }
+    assert lineage == LINEAGE
 
 
 def instance_settings(repo_root: Path) -> list[Path]:

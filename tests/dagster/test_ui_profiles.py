@@ -328,3 +328,34 @@ def test_partition_added_by_hand_breaks_neither_preview_nor_tick(
         "removed partition keys that are not library id ranges: 'Films'",
     ) in lines, lines
     assert ("INFO", "launching 1 run") in lines, lines
+
+
+ASSET_GRAPH = """
+query {
+  assetNodes { assetKey { path } groupName isMaterializable dependencyKeys { path } }
+}
+"""
+
+
+def test_the_asset_graph_shows_capabilities_and_lineage(ui: gql.Dagster) -> None:
+    """What the asset graph draws: one group per capability, the system of record as
+    external assets, and edges from what each asset is derived from (before: seven
+    unconnected nodes in group `default`)."""
+    nodes = {"/".join(n["assetKey"]["path"]): n for n in ui.query(ASSET_GRAPH)["assetNodes"]}
+    assert {n["groupName"] for n in nodes.values()} == {
+        "system_of_record",
+        "library_profiles",
+        "provider_recovery",
+        "credentials",
+        "training_stats",
+    }
+    edges = {
+        name: sorted("/".join(d["path"]) for d in n["dependencyKeys"])
+        for name, n in nodes.items()
+        if n["dependencyKeys"]
+    }
+    assert edges["library_profile"] == ["media_inventory"]
+    assert edges["pr_overview"] == ["training_log"]
+    assert edges["replacement_proposals"] == ["provider_observations"]
+    assert not nodes["training_log"]["isMaterializable"]
+    assert not nodes["media_inventory"]["isMaterializable"]
