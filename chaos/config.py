@@ -3,7 +3,7 @@
 Clocks are shortened (leases of seconds, retries of seconds) so lost claims, expiries
 and retries all happen inside a short run; everything else is the product's own code
 and SQL. The bounds turn a livelock into a failure: each was chosen from measured runs
-(README, "Convergence under chaos") with a generous margin, and says why.
+(docs/chaos.md) with a generous margin, and says why.
 """
 
 from __future__ import annotations

@@ -45,9 +45,7 @@ defs = dg.Definitions(
         observation.provider_observations,
         revalidation.replacement_proposals,
         credentials.tmdb_credential,
-        stats.exercise_stats,
-        stats.period_stats,
-        stats.pr_overview,
+        stats.drain_stats,
     ],
     asset_checks=[
         profiles.library_profile_current,

@@ -1,4 +1,4 @@
-"""Dagster surface of verified credential wakeups (README "Verified credential wakeups").
+"""Dagster surface of verified credential wakeups (docs/credentials.md).
 
 Only authentication cases are woken; other failure categories keep their cooldowns
 (a 404 needs identity evidence, throttling needs time).
@@ -36,7 +36,9 @@ tmdb_credential = dg.AssetSpec(
     kinds={"postgres"},
     description="The TMDb key saved in the database (`inventory-pipeline tmdb-key`): each "
     "verification of its current generation is a materialization; the key itself is "
-    "never shown.",
+    "never shown. A key is verified only when authentication cases wait for it: "
+    "credential_wakeup_sensor launches credential_wakeup to probe it and release them, "
+    "and records the tmdb_key_verified check when nothing needs a run.",
 )
 
 

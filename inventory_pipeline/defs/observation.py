@@ -1,4 +1,4 @@
-"""Dagster surface of provider observation and recovery (docs: README "Provider observation").
+"""Dagster surface of provider observation and recovery (docs/provider-recovery.md).
 
 The sensor only counts due items; the job claims items itself, so a duplicated, killed
 or hand-launched run is harmless: claims are compare-and-set with leases, completions
@@ -19,7 +19,6 @@ from inventory_pipeline.defs.resources import (
     QUEUE_TAG,
     InventoryDatabase,
     TmdbResource,
-    latest_materialization,
     run_in_flight,
 )
 from inventory_pipeline.defs.sources import PROVIDER_GROUP, media_inventory
@@ -31,15 +30,6 @@ OBSERVATIONS = dg.AssetKey("provider_observations")
 OBSERVATION_QUEUE = "provider_observation"
 OVERDUE_GRACE_SECONDS = 900
 RECOVERY_CHECK = "recovery_cases_on_time"
-
-provider_observations = dg.AssetSpec(
-    OBSERVATIONS,
-    group_name=PROVIDER_GROUP,
-    deps=[media_inventory, CREDENTIAL],
-    kinds={"postgres"},
-    description="Validated TMDb observations of movie/TV items, and one recovery record "
-    "per item whose last observation failed.",
-)
 
 
 def case_table(ages: list[CaseAge]) -> dg.TableMetadataValue:
@@ -107,10 +97,20 @@ def oldest_case_table(cases: list[OpenCase]) -> dg.TableMetadataValue:
     )
 
 
-@dg.op(tags={QUEUE_TAG: OBSERVATION_QUEUE})
-def observe_provider_items(
-    context: dg.OpExecutionContext, inventory_db: InventoryDatabase, tmdb: TmdbResource
-) -> dg.Output[int]:
+@dg.asset(
+    key=OBSERVATIONS,
+    group_name=PROVIDER_GROUP,
+    deps=[media_inventory, CREDENTIAL],
+    kinds={"postgres"},
+    op_tags={QUEUE_TAG: OBSERVATION_QUEUE},
+    description="Validated TMDb observations of movie/TV items, and one recovery record "
+    "per item whose last observation failed. A materialization observes the due items "
+    "(claimed under leases, so a duplicated or hand-launched run is harmless) and shows "
+    "the open cases as the database holds them after it.",
+)
+def provider_observations(
+    context: dg.AssetExecutionContext, inventory_db: InventoryDatabase, tmdb: TmdbResource
+) -> dg.MaterializeResult[None]:
     """Observe due items, warn on each new case or changed cause, and materialize the
     standing view of open cases as the database holds it after the run."""
 
@@ -123,19 +123,19 @@ def observe_provider_items(
     with inventory_db.connection() as conn:
         ages = service.case_ages(conn)
         oldest = service.oldest_open_cases(conn, OLDEST_CASES)
-    metadata: dict[str, dg.RawMetadataValue] = {
-        "open_cases": case_table(ages),
-        "oldest_open_cases": oldest_case_table(oldest),
-        "open_cases_total": sum(a.open_cases for a in ages),
-        "due_now": sum(a.due_now for a in ages),
-        "items": len(summary.results),
-        "observed": summary.observed,
-        "by_category": dg.MetadataValue.json(summary.by_category),
-        "cases_opened": summary.opened,
-        "cases_resolved": summary.resolved,
-    }
-    context.log_event(dg.AssetMaterialization(asset_key=OBSERVATIONS, metadata=metadata))
-    return dg.Output(summary.observed, metadata={k: metadata[k] for k in ("items", "observed")})
+    return dg.MaterializeResult(
+        metadata={
+            "open_cases": case_table(ages),
+            "oldest_open_cases": oldest_case_table(oldest),
+            "open_cases_total": sum(a.open_cases for a in ages),
+            "due_now": sum(a.due_now for a in ages),
+            "items": len(summary.results),
+            "observed": summary.observed,
+            "by_category": dg.MetadataValue.json(summary.by_category),
+            "cases_opened": summary.opened,
+            "cases_resolved": summary.resolved,
+        }
+    )
 
 
 def recovery_check_result(
@@ -161,35 +161,14 @@ def recovery_check_result(
     return not overdue, description, metadata
 
 
-@dg.op(tags={QUEUE_TAG: OBSERVATION_QUEUE})
-def evaluate_recovery_cases(
-    context: dg.OpExecutionContext, inventory_db: InventoryDatabase, observed: int
-) -> None:
-    """Evaluate `recovery_cases_on_time` after every observation run, against the
-    materialization the run just recorded, so the check's status is current."""
-    with inventory_db.connection() as conn:
-        passed, description, metadata = recovery_check_result(conn)
-    if not passed and description is not None:
-        context.log.warning(description)
-    context.log_event(
-        dg.AssetCheckEvaluation(  # type: ignore[arg-type]
-            asset_key=OBSERVATIONS,
-            check_name=RECOVERY_CHECK,
-            passed=passed,
-            metadata=metadata,
-            description=description,
-            target_materialization_data=latest_materialization(context.instance, OBSERVATIONS),
-        )
-    )
-
-
-@dg.job(
+# The observation run: the asset, then its check (an asset selection includes its checks).
+provider_observation = dg.define_asset_job(
+    "provider_observation",
+    selection=dg.AssetSelection.assets(OBSERVATIONS),
     executor_def=dg.in_process_executor,
     tags={QUEUE_TAG: OBSERVATION_QUEUE},
     description="Claim due items and observe them against TMDb, then evaluate the recovery check.",
 )
-def provider_observation() -> None:
-    evaluate_recovery_cases(observe_provider_items())
 
 
 @dg.sensor(
@@ -226,9 +205,14 @@ def provider_observation_sensor(
 @dg.asset_check(
     asset=OBSERVATIONS,
     name=RECOVERY_CHECK,
-    description="No open recovery case is past its retry deadline without an attempt.",
+    description="No open recovery case is past its retry deadline without an attempt. "
+    "Evaluated after every observation run.",
 )
-def recovery_cases_on_time(inventory_db: InventoryDatabase) -> dg.AssetCheckResult:
+def recovery_cases_on_time(
+    context: dg.AssetCheckExecutionContext, inventory_db: InventoryDatabase
+) -> dg.AssetCheckResult:
     with inventory_db.connection() as conn:
         passed, description, metadata = recovery_check_result(conn)
+    if description is not None:
+        context.log.warning(description)  # the run's log says it, not only the check
     return dg.AssetCheckResult(passed=passed, metadata=metadata, description=description)

@@ -207,7 +207,7 @@ def range_summary(
                 "outcome": outcomes.get(s.library_id, UNCHANGED),
                 "item_count": s.item_count or 0,
                 "revision": s.revision,
-                "acknowledged_revision": s.acknowledged_revision,
+                "acknowledged": s.acknowledged_revision,
                 "profile_revision": s.profile_revision,
                 "published": ", ".join(s.published_traits),
                 "published_at": (
@@ -237,7 +237,7 @@ def range_summary(
                     dg.TableColumn("outcome", "string"),
                     dg.TableColumn("item_count", "int"),
                     dg.TableColumn("revision", "int"),
-                    dg.TableColumn("acknowledged_revision", "int"),
+                    dg.TableColumn("acknowledged", "int"),
                     dg.TableColumn("profile_revision", "int"),
                     dg.TableColumn("published", "string"),
                     dg.TableColumn("published_at", "string"),
@@ -459,7 +459,10 @@ class LibraryProfileConfig(dg.Config):
         "joins) an outbox request for each library of the partition and processes them "
         "under a lease, recording one materialization per library and one listing them; "
         "the check then evaluates the partition (the worst of its libraries). The run "
-        "config `libraries` narrows it to chosen libraries."
+        "config `libraries` narrows it to chosen libraries. Kept fresh by "
+        "library_profile_sensor: its library_profile_refresh runs record each range they "
+        "refresh (one run serves whichever ranges have work, so Dagster does not list the "
+        "sensor under this asset's Automation)."
     ),
 )
 def library_profile(

@@ -32,16 +32,6 @@ PROPOSALS = dg.AssetKey("replacement_proposals")
 REVALIDATION_QUEUE = "identity_revalidation"
 TABLE_ROWS = 50  # rows of each metadata table; the counts cover all
 
-replacement_proposals = dg.AssetSpec(
-    PROPOSALS,
-    group_name=PROVIDER_GROUP,
-    deps=[OBSERVATIONS],
-    kinds={"postgres"},
-    description="Replacement identities proposed for unresolved TMDb 404s on corroborated "
-    "external-id evidence, waiting for an operator's approval (nothing is applied without "
-    "it), and the checks that proposed nothing, with why.",
-)
-
 
 def _text(title: str, original: str | None = None) -> str:
     shown = f'"{title}"'
@@ -144,10 +134,20 @@ def log_proposals(
     context.log_event(dg.AssetMaterialization(asset_key=PROPOSALS, metadata=metadata))
 
 
-@dg.op(tags={QUEUE_TAG: REVALIDATION_QUEUE})
-def revalidate_cases(
-    context: dg.OpExecutionContext, inventory_db: InventoryDatabase, tmdb: TmdbResource
-) -> dg.Output[int]:
+@dg.asset(
+    key=PROPOSALS,
+    group_name=PROVIDER_GROUP,
+    deps=[OBSERVATIONS],
+    kinds={"postgres"},
+    op_tags={QUEUE_TAG: REVALIDATION_QUEUE},
+    description="Replacement identities proposed for unresolved TMDb 404s on corroborated "
+    "external-id evidence, waiting for an operator's approval (nothing is applied without "
+    "it), and the checks that proposed nothing, with why. A materialization checks the "
+    "due cases within the hourly budget; an operator's decision records it again.",
+)
+def replacement_proposals(
+    context: dg.AssetExecutionContext, inventory_db: InventoryDatabase, tmdb: TmdbResource
+) -> dg.MaterializeResult[None]:
     """Check due cases against TMDb's external-id lookup within the hourly budget, log
     each proposal and each check that proposed nothing, and materialize the view."""
 
@@ -155,25 +155,28 @@ def revalidate_cases(
         (context.log.warning if level == "warning" else context.log.info)(message)
 
     summary = service.revalidate_due(inventory_db.url, tmdb.settings(), report)
-    extra: dict[str, dg.RawMetadataValue] = {
-        "checked": len(summary.results),
-        "proposed": summary.count("proposed"),
-        "unproposed": summary.count("no_proposal"),
-        "faults": summary.count("fault"),
-        "reasons_this_run": dg.MetadataValue.json(summary.reasons),
-    }
-    log_proposals(context, inventory_db, extra)
-    return dg.Output(summary.count("proposed"), metadata={"checked": len(summary.results)})
+    with inventory_db.connection() as conn:
+        view = service.overview(conn, TABLE_ROWS)
+    return dg.MaterializeResult(
+        metadata={
+            **proposal_metadata(view),
+            "checked": len(summary.results),
+            "proposed": summary.count("proposed"),
+            "unproposed": summary.count("no_proposal"),
+            "faults": summary.count("fault"),
+            "reasons_this_run": dg.MetadataValue.json(summary.reasons),
+        }
+    )
 
 
-@dg.job(
+identity_revalidation = dg.define_asset_job(
+    "identity_revalidation",
+    selection=dg.AssetSelection.assets(PROPOSALS),
     executor_def=dg.in_process_executor,
     tags={QUEUE_TAG: REVALIDATION_QUEUE},
     description="Revalidate unresolved TMDb 404 cases by their external ids and propose "
     "corroborated replacements for an operator to approve.",
 )
-def identity_revalidation() -> None:
-    revalidate_cases()
 
 
 class ReplacementDecisions(dg.Config):

@@ -9,7 +9,7 @@ what was published.
 # time and compares the context annotation to real classes.
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import dagster as dg
@@ -25,8 +25,10 @@ EXERCISE_STATS = dg.AssetKey("user_exercise_stats")
 PERIOD_STATS = dg.AssetKey("user_training_period_stats")
 PR_OVERVIEW = dg.AssetKey("pr_overview")
 
+# Skippable: a drain that published nothing materializes nothing.
 exercise_stats = dg.AssetSpec(
     EXERCISE_STATS,
+    skippable=True,
     group_name=STATS_GROUP,
     deps=[training_log],
     kinds={"postgres"},
@@ -35,6 +37,7 @@ exercise_stats = dg.AssetSpec(
 )
 pr_overview = dg.AssetSpec(
     PR_OVERVIEW,
+    skippable=True,
     group_name=STATS_GROUP,
     deps=[training_log],
     kinds={"postgres"},
@@ -45,6 +48,7 @@ pr_overview = dg.AssetSpec(
 )
 period_stats = dg.AssetSpec(
     PERIOD_STATS,
+    skippable=True,
     group_name=STATS_GROUP,
     deps=[training_log],
     kinds={"postgres"},
@@ -94,12 +98,18 @@ def pr_overview_metadata(
     }
 
 
-@dg.op(tags={QUEUE_TAG: STATS_QUEUE})
+@dg.multi_asset(
+    specs=[exercise_stats, period_stats, pr_overview],
+    name="drain_stats",
+    op_tags={QUEUE_TAG: STATS_QUEUE},
+)
 def drain_stats(
-    context: dg.OpExecutionContext, config: DrainConfig, inventory_db: InventoryDatabase
-) -> dg.Output[int]:
+    context: dg.AssetExecutionContext, config: DrainConfig, inventory_db: InventoryDatabase
+) -> Iterator[dg.MaterializeResult[None]]:
     """Claim -> compute -> publish within a bounded round budget (the drain policy, one
-    more pass when work arrived meanwhile, lives in the stats package)."""
+    more pass when work arrived meanwhile, lives in the stats package). The projections
+    are materialized when the drain published something; the run's log says what it did
+    either way."""
     budget = config.max_rounds
     if budget < 1:
         raise dg.Failure(f"max_rounds must be at least 1, got {budget}")
@@ -110,24 +120,22 @@ def drain_stats(
             status = service.worker_status(conn)
             rollover = maintenance.rollover_overview(conn)
     metadata = summary.as_metadata()
+    context.log.info("drained: " + ", ".join(f"{v} {k}" for k, v in metadata.items()))
     if summary.published:
         for key in (EXERCISE_STATS, PERIOD_STATS):
-            context.log_event(dg.AssetMaterialization(asset_key=key, metadata=metadata))
-        context.log_event(
-            dg.AssetMaterialization(
-                asset_key=PR_OVERVIEW, metadata=pr_overview_metadata(summary, status, rollover)
-            )
+            yield dg.MaterializeResult(asset_key=key, metadata=metadata)
+        yield dg.MaterializeResult(
+            asset_key=PR_OVERVIEW, metadata=pr_overview_metadata(summary, status, rollover)
         )
-    return dg.Output(len(summary.published), metadata=metadata)
 
 
-@dg.job(
+stats_drain = dg.define_asset_job(
+    "stats_drain",
+    selection=dg.AssetSelection.assets(EXERCISE_STATS, PERIOD_STATS, PR_OVERVIEW),
     executor_def=dg.in_process_executor,
     tags={QUEUE_TAG: STATS_QUEUE},
     description="Drain the stats refresh queue through claim, compute and publish.",
 )
-def stats_drain() -> None:
-    drain_stats()
 
 
 @dg.sensor(

@@ -10,8 +10,8 @@ import dagster as dg
 import pytest
 
 from inventory_pipeline.db import Connection
+from inventory_pipeline.definitions import defs
 from inventory_pipeline.defs import profiles as profile_defs
-from inventory_pipeline.defs import stats as stats_defs
 from inventory_pipeline.defs import stats_maintenance as maintenance_defs
 from inventory_pipeline.defs.resources import InventoryDatabase
 from inventory_pipeline.profiles import service
@@ -49,7 +49,7 @@ def failure_message(result: dg.ExecuteInProcessResult) -> str:
             "user_ids must be UUIDs",
         ),
         (
-            stats_defs.stats_drain,
+            defs.resolve_job_def("stats_drain"),
             {"ops": {"drain_stats": {"config": {"max_rounds": 0}}}},
             "max_rounds must be at least 1",
         ),

@@ -13,6 +13,7 @@ import dagster as dg
 import pytest
 
 from inventory_pipeline.db import Connection, connect, fetch_all
+from inventory_pipeline.definitions import defs
 from inventory_pipeline.defs import observation as obs_defs
 from inventory_pipeline.defs.resources import InventoryDatabase, TmdbResource
 from inventory_pipeline.provider.standin import StandIn
@@ -44,7 +45,7 @@ def resources(db_url: str, standin: StandIn, **tmdb: int) -> dict[str, object]:
 def run_job(
     instance: dg.DagsterInstance, db_url: str, standin: StandIn
 ) -> dg.ExecuteInProcessResult:
-    return obs_defs.provider_observation.execute_in_process(
+    return defs.resolve_job_def("provider_observation").execute_in_process(
         instance=instance, resources=resources(db_url, standin)
     )
 
@@ -82,15 +83,15 @@ def test_sensor_and_job_report_categories(
     }
     assert case.data["library"] and case.data["next_attempt"] != "-"
     assert isinstance(obs_defs.provider_observation_sensor(context), dg.SkipReason)
-    check = obs_defs.recovery_cases_on_time(inventory_db=InventoryDatabase(url=db_url))
-    assert isinstance(check, dg.AssetCheckResult) and check.passed
+    passed, _, _ = obs_defs.recovery_check_result(conn)
+    assert passed
     # An open case past its deadline with no attempt fails the check.
     conn.execute(
         "UPDATE media_server_items SET observation_due_at = now() - interval '1 hour'"
         " WHERE recovery_case_id IS NOT NULL"
     )
-    check = obs_defs.recovery_cases_on_time(inventory_db=InventoryDatabase(url=db_url))
-    assert isinstance(check, dg.AssetCheckResult) and not check.passed
+    passed, description, _ = obs_defs.recovery_check_result(conn)
+    assert not passed and description is not None
 
 
 def test_key_absent_everywhere_after_a_failure_storm(
@@ -161,7 +162,8 @@ def test_malformed_identity_does_not_fail_the_run(
     conn.execute("UPDATE media_server_items SET provider_id = '²' WHERE id = %s", (poison,))
     result = run_job(instance, db_url, tmdb_env)
     assert result.success
-    assert result.output_for_node("observe_provider_items") == 5
+    [materialization] = result.asset_materializations_for_node("provider_observations")
+    assert materialization.metadata["observed"].value == 5
     [warning] = warnings_in(instance, result.run_id)
     assert f'item {poison} "Item 1" (tmdb movie "²"):' in warning and "not_found" in warning
     row = f.item(conn, poison)
@@ -194,7 +196,7 @@ def test_warnings_are_logged_as_cases_commit_even_if_the_run_dies(
 
     killer = threading.Thread(target=end_sessions_during_the_slow_answer, daemon=True)
     killer.start()
-    result = obs_defs.provider_observation.execute_in_process(
+    result = defs.resolve_job_def("provider_observation").execute_in_process(
         instance=instance,
         resources=resources(db_url, tmdb_env, workers=1),  # batches of four
         raise_on_error=False,

@@ -80,7 +80,7 @@ def test_a_range_lists_every_library_it_holds_not_only_the_last_batch(
     assert films_row["library"] == "Films (movie)"
     assert films_row["media_server"] == "Den Plex (plex)"
     assert films_row["item_count"] == 12
-    assert films_row["revision"] == films_row["acknowledged_revision"] == f.revision(conn, films)
+    assert films_row["revision"] == films_row["acknowledged"] == f.revision(conn, films)
     assert films_row["profile_revision"] == f.revision(conn, films)
     assert films_row["published_at"]
     assert listed[empty]["profile_revision"] is None and listed[empty]["item_count"] == 0

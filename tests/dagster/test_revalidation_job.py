@@ -12,6 +12,7 @@ import dagster as dg
 import pytest
 
 from inventory_pipeline.db import Connection, execute
+from inventory_pipeline.definitions import defs as definitions
 from inventory_pipeline.defs import revalidation as defs
 from inventory_pipeline.defs.resources import InventoryDatabase, TmdbResource
 from inventory_pipeline.provider.standin import StandIn
@@ -87,7 +88,7 @@ def test_sensor_job_and_decision(
     odd = rc.merged(conn, client, standin, movies, 604, 9604, survivor={"year": 2001})
     request = sensor(instance, db_url, standin)
     assert isinstance(request, dg.RunRequest) and request.run_key == "revalidate-1"
-    run = defs.identity_revalidation.execute_in_process(
+    run = definitions.resolve_job_def("identity_revalidation").execute_in_process(
         instance=instance, resources=resources(db_url, standin)
     )
     assert run.success
@@ -143,7 +144,7 @@ def test_a_spent_budget_or_a_pause_holds_the_sensor(
 ) -> None:
     rc.merged(conn, client, standin, movies, 603, 9603)
     rc.merged(conn, client, standin, movies, 604, 9604)
-    run = defs.identity_revalidation.execute_in_process(
+    run = definitions.resolve_job_def("identity_revalidation").execute_in_process(
         instance=instance, resources=resources(db_url, standin, per_hour=1)
     )
     assert run.success and materialization(run)["checked"] == 1
@@ -238,7 +239,7 @@ def test_key_absent_everywhere_after_a_revalidation_storm(
             execute(conn, "UPDATE identity_revalidations SET due_at = now() WHERE outcome IS NULL")
             execute(conn, "UPDATE provider_admission SET paused_until = NULL")
             execute(conn, "UPDATE revalidation_budget SET recent_claims = '{}'")
-            run = defs.identity_revalidation.execute_in_process(
+            run = definitions.resolve_job_def("identity_revalidation").execute_in_process(
                 instance=instance, resources=resources(db_url, standin)
             )
             assert run.success

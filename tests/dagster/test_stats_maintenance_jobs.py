@@ -15,7 +15,6 @@ from dagster._core.storage.runs.schema import RunsTable
 
 from inventory_pipeline.db import Connection, connect, execute, transaction
 from inventory_pipeline.definitions import defs
-from inventory_pipeline.defs import stats as stats_defs
 from inventory_pipeline.defs import stats_maintenance as maintenance_defs
 from inventory_pipeline.defs.resources import InventoryDatabase
 from tests import stats_factories as sf
@@ -36,7 +35,9 @@ def test_maintenance_jobs_report_counts(
     sf.exercise(conn, "squat")
     user = uuid.uuid4()
     sf.save(conn, user, date(2026, 3, 10), sf.sets(("squat", 100, 5)))
-    stats_defs.stats_drain.execute_in_process(instance=instance, resources={"inventory_db": db})
+    defs.resolve_job_def("stats_drain").execute_in_process(
+        instance=instance, resources={"inventory_db": db}
+    )
     conn.execute("UPDATE user_pr_overview_rollover_state SET due_at = now()")
     for job, expected in (
         (maintenance_defs.stats_rollover, "rollover_requested"),
@@ -73,7 +74,9 @@ def test_the_backfill_scan_runs_in_its_tick_without_a_run(
     user = uuid.uuid4()
     sf.save(conn, user, date(2026, 3, 10), sf.sets(("squat", 100, 5)))
     db = InventoryDatabase(url=db_url)
-    stats_defs.stats_drain.execute_in_process(instance=instance, resources={"inventory_db": db})
+    defs.resolve_job_def("stats_drain").execute_in_process(
+        instance=instance, resources={"inventory_db": db}
+    )
     conn.execute("DELETE FROM user_training_period_stats WHERE user_id = %s", (user,))
     found = maintenance_defs.stats_backfill_scan_sensor(context)
     assert isinstance(found, dg.SkipReason)

@@ -332,7 +332,10 @@ def test_partition_added_by_hand_breaks_neither_preview_nor_tick(
 
 ASSET_GRAPH = """
 query {
-  assetNodes { assetKey { path } groupName isMaterializable dependencyKeys { path } }
+  assetNodes {
+    assetKey { path } groupName isMaterializable dependencyKeys { path }
+    targetingInstigators { ... on Sensor { name } }
+  }
 }
 """
 
@@ -359,3 +362,11 @@ def test_the_asset_graph_shows_capabilities_and_lineage(ui: gql.Dagster) -> None
     assert edges["replacement_proposals"] == ["provider_observations"]
     assert not nodes["training_log"]["isMaterializable"]
     assert not nodes["media_inventory"]["isMaterializable"]
+    # The asset page's "Automation": the sensor whose runs materialize the asset.
+    automation = {
+        name: sorted(i["name"] for i in n["targetingInstigators"]) for name, n in nodes.items()
+    }
+    assert automation["provider_observations"] == ["provider_observation_sensor"]
+    assert automation["replacement_proposals"] == ["identity_revalidation_sensor"]
+    for stats in ("user_exercise_stats", "user_training_period_stats", "pr_overview"):
+        assert automation[stats] == ["stats_refresh_sensor"], stats

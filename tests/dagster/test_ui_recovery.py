@@ -17,8 +17,8 @@ from dagster._core.workspace.context import WorkspaceRequestContext
 from dagster_graphql.test.utils import execute_dagster_graphql, infer_sensor_selector
 
 from inventory_pipeline.db import Connection, execute
+from inventory_pipeline.definitions import defs
 from inventory_pipeline.defs import credentials as wake_defs
-from inventory_pipeline.defs import observation as obs_defs
 from inventory_pipeline.defs.resources import InventoryDatabase, TmdbResource
 from inventory_pipeline.provider.standin import StandIn
 from tests import factories as f
@@ -134,7 +134,9 @@ def test_open_cases_and_the_recovery_check_are_current_after_every_run(
         "inventory_db": InventoryDatabase(url=db_url),
         "tmdb": TmdbResource(base_url=standin.url, rate=200),
     }
-    first = obs_defs.provider_observation.execute_in_process(instance=instance, resources=resources)
+    first = defs.resolve_job_def("provider_observation").execute_in_process(
+        instance=instance, resources=resources
+    )
     assert first.success
     # Each case warning names the cause, as an HTTP status class.
     warned = warnings_of(instance, first.run_id)
@@ -161,7 +163,7 @@ def test_open_cases_and_the_recovery_check_are_current_after_every_run(
         " WHERE recovery_case_id IS NOT NULL",
     )
     execute(conn, "UPDATE provider_admission SET paused_until = now() + interval '1 hour'")
-    stalled = obs_defs.provider_observation.execute_in_process(
+    stalled = defs.resolve_job_def("provider_observation").execute_in_process(
         instance=instance, resources=resources
     )
     assert stalled.success
