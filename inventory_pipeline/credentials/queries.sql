@@ -16,7 +16,12 @@ SELECT s.credential_generation AS generation,
          WHERE i.recovery_category = 'auth' AND i.recovery_resolved_at IS NULL) AS auth_cases,
        credential_probe_allowed(w, s.credential_generation) AS probe_allowed,
        credential_release_allowed(w, %(release_spacing_seconds)s) AS release_allowed,
-       w.throttled_until, w.next_probe_at, w.last_outcome, w.released_total
+       w.throttled_until, w.next_probe_at,
+       -- The outcome of the current generation's last probe: an older key's is history.
+       CASE WHEN w.verified_generation = s.credential_generation THEN 'verified'
+            WHEN w.backoff_generation = s.credential_generation THEN w.last_outcome
+       END AS last_outcome,
+       w.released_total
 FROM provider_settings s
 JOIN credential_wakeups w ON w.provider = s.provider
 WHERE s.provider = 'tmdb';

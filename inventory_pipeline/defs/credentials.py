@@ -13,7 +13,7 @@ from typing import Any
 import dagster as dg
 
 from inventory_pipeline.credentials import service
-from inventory_pipeline.credentials.models import ProbeNotSent, ProbeResult, WakeupStatus, short
+from inventory_pipeline.credentials.models import ProbeNotSent, WakeupStatus, short
 from inventory_pipeline.db import DatabaseError
 from inventory_pipeline.defs.resources import (
     QUEUE_TAG,
@@ -30,50 +30,41 @@ CREDENTIAL = dg.AssetKey("tmdb_credential")
 KEY_CHECK = "tmdb_key_verified"
 PROBE_FAILURES = ("auth", "throttled", "transient", "invalid_response")
 
-tmdb_credential = dg.AssetSpec(
-    CREDENTIAL,
-    group_name=CREDENTIALS_GROUP,
-    kinds={"postgres"},
-    description="The TMDb key saved in the database (`inventory-pipeline tmdb-key`): each "
-    "verification of its current generation is a materialization; the key itself is "
-    "never shown. A key is verified only when authentication cases wait for it: "
-    "credential_wakeup_sensor launches credential_wakeup to probe it and release them, "
-    "and records the tmdb_key_verified check when nothing needs a run.",
-)
-
 
 def key_check(
-    status: WakeupStatus | None, probe: str | None
+    status: WakeupStatus | None,
 ) -> tuple[bool, dg.AssetCheckSeverity, str, dict[str, Any]]:
-    """Passed, severity, description and metadata of `tmdb_key_verified`: red when no key
-    is usable or TMDb rejected the current generation, a warning while a verification
-    could not complete or authentication cases wait on an unverified key."""
+    """Passed, severity, description and metadata of `tmdb_key_verified`, from the
+    database alone: red when no key is usable or TMDb rejected the current generation, a
+    warning while its verification could not complete or authentication cases wait on
+    it unverified."""
     error, warn = dg.AssetCheckSeverity.ERROR, dg.AssetCheckSeverity.WARN
     if status is None or not status.usable:
         return False, error, "no active TMDb key is saved (inventory-pipeline tmdb-key)", {}
     generation = short(status.generation)
+    outcome = status.last_outcome
     metadata: dict[str, dg.RawMetadataValue] = {
         "generation": generation,
         "verified": status.verified,
         "auth_cases": status.auth_cases,
-        "last_outcome": status.last_outcome or "-",
+        "last_outcome": outcome or "-",
     }
     if status.verified:
         return True, error, f"TMDb accepted key generation {generation}", metadata
-    if probe == "auth":
+    if outcome == "auth":
         return (
             False,
             error,
             f"TMDb rejected key generation {generation} (authentication failed)",
             metadata,
         )
-    if probe is not None and probe in PROBE_FAILURES:
+    if outcome in PROBE_FAILURES:
         when = status.next_probe_at.isoformat(timespec="seconds") if status.next_probe_at else "-"
         return (
             False,
             warn,
             f"verification of key generation {generation} could not complete "
-            f"({probe}); next probe {when}",
+            f"({outcome}); next probe {when}",
             metadata,
         )
     if status.auth_cases:
@@ -93,16 +84,22 @@ def key_check(
     )
 
 
-@dg.op(tags={QUEUE_TAG: WAKEUP_QUEUE})
-def wake_authentication_cases(
-    context: dg.OpExecutionContext, inventory_db: InventoryDatabase, tmdb: TmdbResource
-) -> dg.Output[str]:
-    """Verify the current generation if needed, then release one bounded batch. A failed
-    verification is a warning in the run. The output is this run's verification outcome
-    ("not needed", "superseded" or a probe outcome) for the key check."""
+@dg.asset(
+    key=CREDENTIAL,
+    group_name=CREDENTIALS_GROUP,
+    kinds={"postgres"},
+    op_tags={QUEUE_TAG: WAKEUP_QUEUE},
+    description="The TMDb key saved in the database (`inventory-pipeline tmdb-key`); the "
+    "key itself is never shown. A key is verified only when authentication cases wait "
+    "for it: each wakeup run probes the current generation if needed, releases one "
+    "bounded batch of the cases, and records what it did as a materialization; the "
+    "tmdb_key_verified check follows it.",
+)
+def tmdb_credential(
+    context: dg.AssetExecutionContext, inventory_db: InventoryDatabase, tmdb: TmdbResource
+) -> dg.MaterializeResult[None]:
+    """Verify the current generation if needed, then release one bounded batch."""
     metadata: dict[str, dg.RawMetadataValue] = {"verification": "not needed", "released": 0}
-    probe: ProbeResult | None = None
-    status = None
     with inventory_db.connection() as conn:
         try:
             status = service.status(conn)
@@ -112,12 +109,10 @@ def wake_authentication_cases(
                 if isinstance(probed, ProbeNotSent):
                     metadata["verification"] = "not sent"
                     context.log.info(f"key probe not sent ({probed.reason}); tried again later")
-                else:
-                    probe = probed
-                if probe is not None:
-                    metadata["verification"] = probe.outcome if probe.accepted else "superseded"
-                    if probe.retry_after_seconds is not None:
-                        metadata["retry_after_seconds"] = probe.retry_after_seconds
+                elif probed is not None:
+                    metadata["verification"] = probed.outcome if probed.accepted else "superseded"
+                    if probed.retry_after_seconds is not None:
+                        metadata["retry_after_seconds"] = probed.retry_after_seconds
                 status = service.status(conn)
             if status is not None and status.wants_release:
                 batch = service.release(conn)
@@ -130,51 +125,17 @@ def wake_authentication_cases(
             # This path is an accelerator: ordinary observation keeps working without it.
             context.log.warning(f"credential wakeup skipped: {type(exc).__name__}")
             metadata["error"] = type(exc).__name__
-            status = None
-    if probe is not None and probe.accepted:
-        passed, _, description, check_metadata = key_check(status, probe.outcome)
-        if not passed:
-            context.log.warning(description)
-        context.log_event(
-            dg.AssetMaterialization(
-                asset_key=CREDENTIAL,
-                description=description,
-                metadata={"verification": probe.outcome, **check_metadata},
-            )
-        )
-    return dg.Output(str(metadata["verification"]), metadata=metadata)
+    return dg.MaterializeResult(metadata=metadata)
 
 
-@dg.op(tags={QUEUE_TAG: WAKEUP_QUEUE})
-def evaluate_key_check(
-    context: dg.OpExecutionContext, inventory_db: InventoryDatabase, verification: str
-) -> None:
-    """Evaluate `tmdb_key_verified` after every wakeup run, as the database holds the
-    key's verification now, against the credential's latest materialization."""
-    with inventory_db.connection() as conn:
-        status = service.status(conn)
-    passed, severity, description, metadata = key_check(status, verification)
-    context.log_event(
-        dg.AssetCheckEvaluation(  # type: ignore[arg-type]
-            asset_key=CREDENTIAL,
-            check_name=KEY_CHECK,
-            passed=passed,
-            severity=severity,
-            description=description,
-            metadata=metadata,
-            target_materialization_data=latest_materialization(context.instance, CREDENTIAL),
-        )
-    )
-
-
-@dg.job(
+credential_wakeup = dg.define_asset_job(
+    "credential_wakeup",
+    selection=dg.AssetSelection.assets(CREDENTIAL),
     executor_def=dg.in_process_executor,
     tags={QUEUE_TAG: WAKEUP_QUEUE},
     description="Verify a saved TMDb key once and release waiting authentication cases, "
     "then evaluate the key check.",
 )
-def credential_wakeup() -> None:
-    evaluate_key_check(wake_authentication_cases())
 
 
 @dg.sensor(
@@ -211,7 +172,7 @@ def credential_wakeup_sensor(
             run_key=f"wakeup-{short(status.generation)}-{launch}",
             tags={"inventory_pipeline/generation": short(status.generation)},
         )
-    passed, severity, description, metadata = key_check(status, None)
+    passed, severity, description, metadata = key_check(status)
     if state.get("check") == description:
         return dg.SkipReason(skip)
     evaluation = dg.AssetCheckEvaluation(
@@ -246,12 +207,17 @@ def _read_cursor(cursor: str | None) -> dict[str, Any]:
     asset=CREDENTIAL,
     name=KEY_CHECK,
     description="An active TMDb key is saved and TMDb has not rejected it; a warning "
-    "while authentication cases wait on an unverified key.",
+    "while authentication cases wait on an unverified key. Evaluated after every wakeup "
+    "run, and recorded by the wakeup sensor when its answer changes without one.",
 )
-def tmdb_key_verified(inventory_db: InventoryDatabase) -> dg.AssetCheckResult:
+def tmdb_key_verified(
+    context: dg.AssetCheckExecutionContext, inventory_db: InventoryDatabase
+) -> dg.AssetCheckResult:
     with inventory_db.connection() as conn:
         status = service.status(conn)
-    passed, severity, description, metadata = key_check(status, None)
+    passed, severity, description, metadata = key_check(status)
+    if not passed:
+        context.log.warning(description)  # the run's log says it, not only the check
     return dg.AssetCheckResult(
         passed=passed, severity=severity, description=description, metadata=metadata
     )

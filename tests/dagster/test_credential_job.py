@@ -7,7 +7,9 @@ from collections.abc import Iterator
 import dagster as dg
 import pytest
 
+from inventory_pipeline.credentials import service as credentials
 from inventory_pipeline.db import Connection, execute, fetch_one
+from inventory_pipeline.definitions import defs
 from inventory_pipeline.defs import credentials as wake_defs
 from inventory_pipeline.defs.resources import InventoryDatabase, TmdbResource
 from inventory_pipeline.provider.standin import StandIn
@@ -42,15 +44,12 @@ def test_sensor_launches_verification_then_release(
     f.auth_cases(conn, f.library(conn), 3)
     request = wake_defs.credential_wakeup_sensor(context)
     assert isinstance(request, dg.RunRequest)
-    result = wake_defs.credential_wakeup.execute_in_process(instance=instance, resources=resources)
+    result = defs.resolve_job_def("credential_wakeup").execute_in_process(
+        instance=instance, resources=resources
+    )
     assert result.success
-    assert result.output_for_node("wake_authentication_cases") == "verified"
-    [output] = [
-        e
-        for e in result.all_events
-        if e.event_type_value == "STEP_OUTPUT" and e.step_key == "wake_authentication_cases"
-    ]
-    shown = {k: v.value for k, v in output.event_specific_data.metadata.items()}  # type: ignore[union-attr]
+    [materialization] = result.asset_materializations_for_node("tmdb_credential")
+    shown = {k: v.value for k, v in materialization.metadata.items()}
     assert shown["verification"] == "verified" and shown["released"] == 3
     assert len(str(shown["generation"])) == 8
     assert TMDB_TEST_KEY not in str(shown)
@@ -96,7 +95,7 @@ def test_key_absent_everywhere_after_a_probe_storm(
                 conn, "UPDATE credential_wakeups SET next_probe_at = NULL, throttled_until = NULL"
             )
             execute(conn, "UPDATE provider_admission SET paused_until = NULL")
-            result = wake_defs.credential_wakeup.execute_in_process(
+            result = defs.resolve_job_def("credential_wakeup").execute_in_process(
                 instance=instance, resources=resources
             )
             assert result.success
@@ -125,7 +124,7 @@ def test_sensor_never_stacks_runs_behind_one_in_flight(
     )
     assert isinstance(wake_defs.credential_wakeup_sensor(context), dg.RunRequest)
     stuck = instance.create_run_for_job(
-        wake_defs.credential_wakeup, status=dg.DagsterRunStatus.STARTED
+        defs.resolve_job_def("credential_wakeup"), status=dg.DagsterRunStatus.STARTED
     )
     skip = wake_defs.credential_wakeup_sensor(context)
     assert skipped(skip) and "already" in str(skip)
@@ -160,3 +159,39 @@ def test_a_key_nobody_needed_to_probe_says_why_it_is_unverified(
     )
     assert TMDB_TEST_KEY not in str(evaluation)
     assert isinstance(wake_defs.credential_wakeup_sensor(context), dg.SkipReason)
+
+
+def test_a_rejected_key_stays_red_until_a_new_key_is_saved(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance, standin: StandIn
+) -> None:
+    """The key check reads the current generation's last probe from the database: a
+    later run with nothing to probe (the rejected key waits out its backoff) does not
+    turn the rejection into a warning, and a newly saved key does not inherit it."""
+    f.provider_key(conn, WRONG_KEY)
+    f.auth_cases(conn, f.library(conn), 2)
+    resources = {
+        "inventory_db": InventoryDatabase(url=db_url),
+        "tmdb": TmdbResource(base_url=standin.url),
+    }
+    job = defs.resolve_job_def("credential_wakeup")
+
+    def evaluation(result: dg.ExecuteInProcessResult) -> tuple[bool, str]:
+        [check] = result.get_asset_check_evaluations()
+        return check.passed, str(check.description)
+
+    rejected = job.execute_in_process(instance=instance, resources=resources)
+    [materialization] = rejected.asset_materializations_for_node("tmdb_credential")
+    assert materialization.metadata["verification"].value == "auth"
+    passed, description = evaluation(rejected)
+    assert not passed and "TMDb rejected key generation" in description
+    later = job.execute_in_process(instance=instance, resources=resources)
+    [materialization] = later.asset_materializations_for_node("tmdb_credential")
+    assert materialization.metadata["verification"].value == "not needed"
+    assert evaluation(later) == (passed, description)
+    f.provider_key(conn, TMDB_TEST_KEY)
+    context = dg.build_sensor_context(
+        instance=instance, resources={"inventory_db": resources["inventory_db"]}
+    )
+    assert isinstance(wake_defs.credential_wakeup_sensor(context), dg.RunRequest)
+    passed, _, description, _ = wake_defs.key_check(credentials.status(conn))
+    assert not passed and "not verified; 2 authentication cases wait" in description

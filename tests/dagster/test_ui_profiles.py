@@ -368,5 +368,6 @@ def test_the_asset_graph_shows_capabilities_and_lineage(ui: gql.Dagster) -> None
     }
     assert automation["provider_observations"] == ["provider_observation_sensor"]
     assert automation["replacement_proposals"] == ["identity_revalidation_sensor"]
+    assert automation["tmdb_credential"] == ["credential_wakeup_sensor"]
     for stats in ("user_exercise_stats", "user_training_period_stats", "pr_overview"):
         assert automation[stats] == ["stats_refresh_sensor"], stats

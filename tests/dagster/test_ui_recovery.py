@@ -18,7 +18,6 @@ from dagster_graphql.test.utils import execute_dagster_graphql, infer_sensor_sel
 
 from inventory_pipeline.db import Connection, execute
 from inventory_pipeline.definitions import defs
-from inventory_pipeline.defs import credentials as wake_defs
 from inventory_pipeline.defs.resources import InventoryDatabase, TmdbResource
 from inventory_pipeline.provider.standin import StandIn
 from tests import factories as f
@@ -190,7 +189,7 @@ def test_a_rejected_key_is_a_warning_and_a_failed_check(
         "inventory_db": InventoryDatabase(url=db_url),
         "tmdb": TmdbResource(base_url=standin.url),
     }
-    rejected = wake_defs.credential_wakeup.execute_in_process(
+    rejected = defs.resolve_job_def("credential_wakeup").execute_in_process(
         instance=instance, resources=resources
     )
     assert rejected.success
@@ -204,7 +203,7 @@ def test_a_rejected_key_is_a_warning_and_a_failed_check(
 
     # A new key is verified at the next run: the check turns green for it.
     f.provider_key(conn, TMDB_TEST_KEY)
-    accepted = wake_defs.credential_wakeup.execute_in_process(
+    accepted = defs.resolve_job_def("credential_wakeup").execute_in_process(
         instance=instance, resources=resources
     )
     assert accepted.success
