@@ -30,6 +30,8 @@ DEFAULT_TMDB_BASE_URL = "https://api.themoviedb.org"
 # the last hour in one row, hence the ceiling.
 DEFAULT_REVALIDATIONS_PER_HOUR = 60
 MAX_REVALIDATIONS_PER_HOUR = 3600
+# Profile refresh runs a sensor tick launches, and at most this many waiting to start.
+DEFAULT_MAX_RUNS_PER_TICK = 4
 
 # RefreshPolicy field -> environment variable, e.g. lease_seconds -> INVENTORY_LEASE_SECONDS
 POLICY_ENV = {f.name: "INVENTORY_" + f.name.upper() for f in fields(RefreshPolicy)}
@@ -118,12 +120,12 @@ class Settings:
     dagster_storage_url: str | None
     data_dir: Path
     policy: RefreshPolicy = field(default_factory=RefreshPolicy)
-    max_runs_per_tick: int = 4
-    tmdb_base_url: str = DEFAULT_TMDB_BASE_URL
-    tmdb_rate: int = 40
-    observation_workers: int = 8
-    observation_max_items: int = 2000
-    revalidations_per_hour: int = DEFAULT_REVALIDATIONS_PER_HOUR
+    max_runs_per_tick: int = DEFAULT_MAX_RUNS_PER_TICK
+    tmdb_base_url: str = TmdbSettings.base_url
+    tmdb_rate: int = TmdbSettings.rate
+    observation_workers: int = TmdbSettings.workers
+    observation_max_items: int = TmdbSettings.max_items
+    revalidations_per_hour: int = TmdbSettings.revalidations_per_hour
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -145,12 +147,14 @@ class Settings:
             dagster_storage_url=env.get(DAGSTER_STORAGE_URL) or None,
             data_dir=Path(env.get(DATA_DIR) or ".inventory_pipeline").resolve(),
             policy=policy,
-            max_runs_per_tick=_positive_int(env, MAX_RUNS_PER_TICK, 4),
-            tmdb_base_url=_base_url(env.get(TMDB_BASE_URL) or DEFAULT_TMDB_BASE_URL),
-            tmdb_rate=_positive_int(env, TMDB_RATE, 40),
-            observation_workers=_positive_int(env, OBSERVATION_WORKERS, 8),
-            observation_max_items=_positive_int(env, OBSERVATION_MAX_ITEMS, 2000),
+            max_runs_per_tick=_positive_int(env, MAX_RUNS_PER_TICK, cls.max_runs_per_tick),
+            tmdb_base_url=_base_url(env.get(TMDB_BASE_URL) or cls.tmdb_base_url),
+            tmdb_rate=_positive_int(env, TMDB_RATE, cls.tmdb_rate),
+            observation_workers=_positive_int(env, OBSERVATION_WORKERS, cls.observation_workers),
+            observation_max_items=_positive_int(
+                env, OBSERVATION_MAX_ITEMS, cls.observation_max_items
+            ),
             revalidations_per_hour=checked_revalidations(
-                _positive_int(env, REVALIDATIONS_PER_HOUR, DEFAULT_REVALIDATIONS_PER_HOUR)
+                _positive_int(env, REVALIDATIONS_PER_HOUR, cls.revalidations_per_hour)
             ),
         )

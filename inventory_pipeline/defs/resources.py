@@ -29,8 +29,7 @@ from inventory_pipeline.db import Connection, InvalidDatabaseUrl, connect
 from inventory_pipeline.profiles.models import RefreshPolicy
 from inventory_pipeline.settings import (
     DATABASE_URL,
-    DEFAULT_REVALIDATIONS_PER_HOUR,
-    DEFAULT_TMDB_BASE_URL,
+    DEFAULT_MAX_RUNS_PER_TICK,
     MAX_RUNS_PER_TICK,
     Settings,
     SettingsError,
@@ -60,7 +59,7 @@ class InventoryDatabase(dg.ConfigurableResource):  # type: ignore[type-arg]
     retention_days: int = _POLICY_DEFAULTS.retention_days
     compaction_batch: int = _POLICY_DEFAULTS.compaction_batch
     stall_seconds: int = _POLICY_DEFAULTS.stall_seconds
-    runs_per_tick: int = 4
+    runs_per_tick: int = DEFAULT_MAX_RUNS_PER_TICK
 
     @contextlib.contextmanager
     def connection(
@@ -88,11 +87,11 @@ class TmdbResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     """Where and how fast TMDb is asked. The key and language are not here: they live in
     the database, shared by every process and changed without a restart."""
 
-    base_url: str = DEFAULT_TMDB_BASE_URL
-    rate: int = 40
-    workers: int = 8
-    max_items: int = 2000
-    revalidations_per_hour: int = DEFAULT_REVALIDATIONS_PER_HOUR
+    base_url: str = TmdbSettings.base_url
+    rate: int = TmdbSettings.rate
+    workers: int = TmdbSettings.workers
+    max_items: int = TmdbSettings.max_items
+    revalidations_per_hour: int = TmdbSettings.revalidations_per_hour
 
     def settings(self) -> TmdbSettings:
         """The validated values; an invalid one fails the run or tick in one line (a URL
