@@ -37,7 +37,7 @@ from bench.common import Figure, Mode, Size, over_runs, plot, scratch_database, 
 from bench.orchestration import daemon
 from inventory_pipeline.db import Connection, DatabaseError, connect, execute, fetch_all, fetch_one
 from inventory_pipeline.db.connection import database_name
-from inventory_pipeline.defs.profiles import PARTITIONS_NAME, partition_of
+from inventory_pipeline.defs.profile_ranges import PARTITIONS_NAME, partition_of
 
 GOAL = 100.0  # libraries/s sustained at 100k
 
@@ -295,6 +295,7 @@ def cost(admin_url: str, libraries: int) -> dict[str, float]:
     import dagster as dg
 
     from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
+    from inventory_pipeline.defs import profile_ranges as ranges
     from inventory_pipeline.defs import profiles as profile_defs
     from inventory_pipeline.defs.resources import InventoryDatabase
     from inventory_pipeline.deployment import dagster_storage_url
@@ -314,8 +315,8 @@ def cost(admin_url: str, libraries: int) -> dict[str, float]:
         ):
             load(url, libraries)
             instance.add_dynamic_partitions(
-                profile_defs.PARTITIONS_NAME,
-                sorted({profile_defs.partition_of(i) for i in range(1, libraries + 1)}),
+                ranges.PARTITIONS_NAME,
+                sorted({ranges.partition_of(i) for i in range(1, libraries + 1)}),
             )
             db = InventoryDatabase(url=url, run_claims=libraries)
             for label in ("profile path alone", "refresh op with its Dagster events"):

@@ -38,7 +38,8 @@ from bench.common import Figure, scratch_database, server_url
 from chaos.servers import free_port
 from inventory_pipeline.db import connect, execute, fetch_one
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
-from inventory_pipeline.defs import profiles as profile_defs
+from inventory_pipeline.defs import profile_ranges as ranges
+from inventory_pipeline.defs import profile_sensor
 from inventory_pipeline.defs.resources import InventoryDatabase
 from inventory_pipeline.deployment import (
     WEBSERVER_COMMAND,
@@ -157,7 +158,7 @@ def _tick(
         instance=instance, cursor=cursor, resources={"inventory_db": db}
     )
     start = time.perf_counter()
-    result = profile_defs.library_profile_sensor(context)
+    result = profile_sensor.library_profile_sensor(context)
     elapsed = time.perf_counter() - start
     _apply(instance, result)
     return elapsed, context.cursor
@@ -280,8 +281,8 @@ def _serves(url: str) -> bool:
 
 def partition_keys(libraries: int) -> list[str]:
     """The partition keys the sensor keeps for libraries 1..`libraries`."""
-    lows = range(0, libraries + 1, profile_defs.PARTITION_WIDTH)
-    return [profile_defs.range_key(low) for low in lows if low + profile_defs.PARTITION_WIDTH > 1]
+    lows = range(0, libraries + 1, ranges.PARTITION_WIDTH)
+    return [ranges.range_key(low) for low in lows if low + ranges.PARTITION_WIDTH > 1]
 
 
 def partitions_tab(
@@ -307,7 +308,7 @@ def partitions_tab(
                 keys = [str(i) for i in range(1, size + 1)] if per_library else partition_keys(size)
                 for start in range(0, len(keys), 10_000):
                     instance.add_dynamic_partitions(
-                        profile_defs.PARTITIONS_NAME, keys[start : start + 10_000]
+                        ranges.PARTITIONS_NAME, keys[start : start + 10_000]
                     )
             prepare_dagster_home(Settings.from_env({}), {"DAGSTER_HOME": home})
             env = dict(os.environ)

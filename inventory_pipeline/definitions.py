@@ -29,6 +29,8 @@ warnings.filterwarnings(
 from inventory_pipeline.defs import (  # noqa: E402  (after the filters above)
     credentials,
     observation,
+    profile_checks,
+    profile_sensor,
     profiles,
     revalidation,
     sources,
@@ -48,7 +50,7 @@ defs = dg.Definitions(
         stats.drain_stats,
     ],
     asset_checks=[
-        profiles.library_profile_current,
+        profile_checks.library_profile_current,
         observation.recovery_cases_on_time,
         credentials.tmdb_key_verified,
     ],
@@ -64,12 +66,12 @@ defs = dg.Definitions(
         *stats_maintenance.maintenance_jobs,
     ],
     sensors=[
-        profiles.library_profile_sensor,
+        profile_sensor.library_profile_sensor,
         observation.provider_observation_sensor,
         revalidation.identity_revalidation_sensor,
         credentials.credential_wakeup_sensor,
         stats.stats_refresh_sensor,
-        *profiles.profile_sensors,
+        profile_checks.library_profile_staleness_sensor,
         *stats_maintenance.maintenance_sensors,
     ],
     schedules=[profiles.compaction_schedule, *stats_maintenance.maintenance_schedules],

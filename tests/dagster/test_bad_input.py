@@ -11,6 +11,7 @@ import pytest
 
 from inventory_pipeline.db import Connection
 from inventory_pipeline.definitions import defs
+from inventory_pipeline.defs import profile_ranges as ranges
 from inventory_pipeline.defs import profiles as profile_defs
 from inventory_pipeline.defs import stats_maintenance as maintenance_defs
 from inventory_pipeline.defs.resources import InventoryDatabase
@@ -91,7 +92,7 @@ def test_hostile_partition_key_is_refused(
     lib = f.library(conn)
     f.items(conn, lib, 5)
     before = fingerprint(conn)
-    instance.add_dynamic_partitions(profile_defs.library_partitions.name, [HOSTILE_KEY])
+    instance.add_dynamic_partitions(ranges.library_partitions.name, [HOSTILE_KEY])
     result = dg.materialize(
         [profile_defs.library_profile],
         partition_key=HOSTILE_KEY,

@@ -21,6 +21,7 @@ except ImportError:
     pytest.skip("the playwright package is not installed", allow_module_level=True)
 
 from inventory_pipeline.db import connect
+from inventory_pipeline.defs import profile_ranges as ranges
 from inventory_pipeline.defs import profiles as profile_defs
 from tests import factories as f
 from tests.dagster import graphql as gql
@@ -31,8 +32,8 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:
     pytest.skip("no Chromium binary (chromium or chromium-browser)", allow_module_level=True)
 
-ASSET = profile_defs.PROFILE_ASSET.to_user_string()
-GROUP = profile_defs.library_profile.group_names_by_key[profile_defs.PROFILE_ASSET]
+ASSET = ranges.PROFILE_ASSET.to_user_string()
+GROUP = profile_defs.library_profile.group_names_by_key[ranges.PROFILE_ASSET]
 JOB = profile_defs.library_profile_refresh.name
 # A page's first render waits on several GraphQL queries to a busy webserver.
 RENDER_MS = 30_000
@@ -123,7 +124,7 @@ def test_asset_lineage_partitions_and_run_pages_render_without_errors(
         libraries = [f.library(app, srv, name=name) for name in ("Films", "Shows", "Docs")]
         for n, library in enumerate(libraries):
             f.items(app, library, 8, seed=n)
-    keys = sorted({profile_defs.partition_of(lib) for lib in libraries})
+    keys = sorted({ranges.partition_of(lib) for lib in libraries})
     # The profile sensor is on by default: the daemon plans and launches the refresh.
     ui.start_daemon()
     run = ui.wait_for("a successful refresh run", lambda: succeeded_run(ui), 120)

@@ -16,7 +16,7 @@ import pytest
 
 from inventory_pipeline.db import connect, execute, fetch_one
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
-from inventory_pipeline.defs import profiles as profile_defs
+from inventory_pipeline.defs import profile_ranges as ranges
 from inventory_pipeline.deployment import (
     DAEMON_COMMAND,
     dagster_storage_url,
@@ -102,10 +102,10 @@ def test_committed_change_is_acknowledged_by_the_daemon(
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
                 done = instance.get_materialized_partitions(dg.AssetKey("library_profile"))
-                if done >= {profile_defs.partition_of(lib) for lib in libs}:
+                if done >= {ranges.partition_of(lib) for lib in libs}:
                     break
                 time.sleep(1)
-            assert done >= {profile_defs.partition_of(lib) for lib in libs}
+            assert done >= {ranges.partition_of(lib) for lib in libs}
     finally:
         for k, v in saved.items():
             if v is None:

@@ -12,6 +12,7 @@ import yaml
 
 from inventory_pipeline.db import Connection, execute, fetch_one
 from inventory_pipeline.definitions import defs
+from inventory_pipeline.defs import profile_checks, profile_ranges, profile_sensor
 from inventory_pipeline.defs import profiles as profile_defs
 from inventory_pipeline.defs.resources import InventoryDatabase
 from inventory_pipeline.profiles import service
@@ -96,7 +97,7 @@ def test_definitions_snapshot() -> None:
     assert sorted(j.name for j in repo.get_all_jobs() if not j.name.startswith("__")) == JOBS
     assert sorted(s.name for s in repo.sensor_defs) == SENSORS
     assert sorted(s.name for s in repo.schedule_defs) == SCHEDULES
-    assert profile_defs.library_partitions.name == "inventory_pipeline__library_profile"
+    assert profile_ranges.library_partitions.name == "inventory_pipeline__library_profile"
     lineage = {
         key.to_user_string(): (
             graph.get(key).group_name,
@@ -155,13 +156,13 @@ def materializations(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, o
         for row in rows:
             library_id = row["library_id"]
             assert isinstance(library_id, int)
-            assert mat.partition == profile_defs.partition_of(library_id)
+            assert mat.partition == profile_ranges.partition_of(library_id)
             out.setdefault(str(library_id), {}).update(row)
     return out
 
 
 def ranges(libraries: list[int]) -> list[str]:
-    return sorted({profile_defs.partition_of(lib) for lib in libraries})
+    return sorted({profile_ranges.partition_of(lib) for lib in libraries})
 
 
 def running_claims(conn: Connection) -> int:
@@ -181,7 +182,7 @@ def test_sensor_plans_and_the_run_claims(
         f.items(conn, lib, 8)
     db = InventoryDatabase(url=db_url)
     context = dg.build_sensor_context(instance=instance, resources={"inventory_db": db})
-    result = profile_defs.library_profile_sensor(context)
+    result = profile_sensor.library_profile_sensor(context)
     assert isinstance(result, dg.SensorResult)
     [run] = result.run_requests or []
     assert run.run_key == "profile-refresh-1" and not run.run_config
@@ -190,7 +191,7 @@ def test_sensor_plans_and_the_run_claims(
     assert {r["status"] for lib in libs for r in f.requests(conn, lib)} == {"pending"}
     # The tick added the partitions itself, in one statement: no request for the daemon.
     assert not result.dynamic_partitions_requests
-    assert sorted(instance.get_dynamic_partitions(profile_defs.PARTITIONS_NAME)) == ranges(libs)
+    assert sorted(instance.get_dynamic_partitions(profile_ranges.PARTITIONS_NAME)) == ranges(libs)
 
     job = profile_defs.library_profile_refresh
     executed = job.execute_in_process(instance=instance, resources={"inventory_db": db})
@@ -209,7 +210,7 @@ def test_sensor_plans_and_the_run_claims(
     again = job.execute_in_process(instance=instance, resources={"inventory_db": db})
     assert again.success and materializations(again) == {}
     # Nothing left: the next tick skips.
-    assert isinstance(profile_defs.library_profile_sensor(context), dg.SkipReason)
+    assert isinstance(profile_sensor.library_profile_sensor(context), dg.SkipReason)
 
 
 def test_previewed_and_failed_ticks_leave_no_claim(
@@ -222,7 +223,7 @@ def test_previewed_and_failed_ticks_leave_no_claim(
     db = InventoryDatabase(url=db_url)
     for _ in range(3):  # previews: evaluated, never launched
         context = dg.build_sensor_context(instance=instance, resources={"inventory_db": db})
-        assert isinstance(profile_defs.library_profile_sensor(context), dg.SensorResult)
+        assert isinstance(profile_sensor.library_profile_sensor(context), dg.SensorResult)
         assert running_claims(conn) == 0
     # A run launched later claims at once, on its first attempt.
     executed = profile_defs.library_profile_refresh.execute_in_process(
@@ -243,7 +244,7 @@ def test_sensor_launches_no_more_runs_than_could_start(
         f.items(conn, f.library(conn, srv, name=str(i)), 2)
     db = InventoryDatabase(url=db_url, run_claims=2)
     context = dg.build_sensor_context(instance=instance, resources={"inventory_db": db})
-    first = profile_defs.library_profile_sensor(context)
+    first = profile_sensor.library_profile_sensor(context)
     assert isinstance(first, dg.SensorResult)
     assert [r.run_key for r in first.run_requests or []] == [
         f"profile-refresh-{n}" for n in (1, 2, 3, 4)
@@ -252,7 +253,7 @@ def test_sensor_launches_no_more_runs_than_could_start(
     for _ in range(3):
         instance.create_run_for_job(job, status=dg.DagsterRunStatus.NOT_STARTED)
     context = dg.build_sensor_context(instance=instance, resources={"inventory_db": db}, cursor="4")
-    second = profile_defs.library_profile_sensor(context)
+    second = profile_sensor.library_profile_sensor(context)
     assert isinstance(second, dg.SensorResult)
     assert [r.run_key for r in second.run_requests or []] == ["profile-refresh-5"]
     assert running_claims(conn) == 0
@@ -263,11 +264,11 @@ def test_backfill_goes_through_outbox(
 ) -> None:
     lib = f.library(conn)
     f.items(conn, lib, 7)
-    instance.add_dynamic_partitions(profile_defs.library_partitions.name, ranges([lib]))
+    instance.add_dynamic_partitions(profile_ranges.library_partitions.name, ranges([lib]))
     db = InventoryDatabase(url=db_url)
     result = dg.materialize(
         [profile_defs.library_profile],
-        partition_key=profile_defs.partition_of(lib),
+        partition_key=profile_ranges.partition_of(lib),
         instance=instance,
         resources={"inventory_db": db},
     )
@@ -281,10 +282,10 @@ def test_backfill_goes_through_outbox(
     )
     # The run records the partition's check as the database sees it.
     [evaluation] = result.get_asset_check_evaluations()
-    assert evaluation.passed and evaluation.partition == profile_defs.partition_of(lib)
+    assert evaluation.passed and evaluation.partition == profile_ranges.partition_of(lib)
     # ...and fails once the inventory moves past the acknowledged revision.
     execute(conn, "UPDATE media_server_items SET rating = 2 WHERE library_id = %s", (lib,))
-    stale = profile_defs.range_current_result(db, lib - lib % profile_defs.PARTITION_WIDTH)
+    stale = profile_checks.range_current_result(db, lib - lib % profile_ranges.PARTITION_WIDTH)
     assert not stale.passed and stale.severity == dg.AssetCheckSeverity.WARN
     assert stale.metadata["behind"].value == 1
 
@@ -294,10 +295,10 @@ def test_backfill_of_inactive_library_fails_the_run(
 ) -> None:
     lib = f.library(conn, active=False)
     f.items(conn, lib, 7)
-    instance.add_dynamic_partitions(profile_defs.library_partitions.name, ranges([lib]))
+    instance.add_dynamic_partitions(profile_ranges.library_partitions.name, ranges([lib]))
     result = dg.materialize(
         [profile_defs.library_profile],
-        partition_key=profile_defs.partition_of(lib),
+        partition_key=profile_ranges.partition_of(lib),
         instance=instance,
         resources={"inventory_db": InventoryDatabase(url=db_url)},
         raise_on_error=False,

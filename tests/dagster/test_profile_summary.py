@@ -12,15 +12,17 @@ import dagster as dg
 import pytest
 
 from inventory_pipeline.db import Connection, connect, execute
+from inventory_pipeline.defs import profile_checks, profile_metadata
+from inventory_pipeline.defs import profile_ranges as ranges
 from inventory_pipeline.defs import profiles as profile_defs
 from inventory_pipeline.defs.resources import InventoryDatabase
 from inventory_pipeline.profiles import service
 from inventory_pipeline.profiles.models import OUTCOMES, Claim, Completion, RefreshPolicy
 from tests import factories as f
 
-PARTITIONS = profile_defs.library_partitions.name
-key_of = profile_defs.partition_of
-VOCABULARY = {*OUTCOMES, profile_defs.UNCHANGED}
+PARTITIONS = ranges.library_partitions.name
+key_of = ranges.partition_of
+VOCABULARY = {*OUTCOMES, profile_metadata.UNCHANGED}
 RANGE_FIGURES = {"libraries", "current", "behind", "oldest_lag_seconds"}
 
 
@@ -155,7 +157,7 @@ def test_a_range_event_names_its_libraries_boundedly(
     [event] = materializations(refresh(conn, db_url, instance))
     assert event.description is not None and "\n" not in event.description
     assert event.description == (
-        f'published {long} "{"x" * (profile_defs.NAME_CHARS - 1)}…", '
+        f'published {long} "{"x" * (profile_metadata.NAME_CHARS - 1)}…", '
         f'{quoted} "Kids \\"best\\"\\nof"'
     )
 
@@ -180,7 +182,7 @@ def test_every_evaluation_of_the_check_carries_its_ranges_figures(
     context = dg.build_sensor_context(
         instance=instance, resources={"inventory_db": InventoryDatabase(url=db_url)}
     )
-    result = profile_defs.library_profile_staleness_sensor(context)
+    result = profile_checks.library_profile_staleness_sensor(context)
     assert isinstance(result, dg.SensorResult)
     [evaluation] = result.asset_events
     assert isinstance(evaluation, dg.AssetCheckEvaluation)

@@ -13,13 +13,15 @@ import pytest
 
 from inventory_pipeline.db import Connection, connect, execute, fetch_one
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
+from inventory_pipeline.defs import profile_checks
+from inventory_pipeline.defs import profile_ranges as ranges
 from inventory_pipeline.defs import profiles as profile_defs
 from inventory_pipeline.defs.resources import InventoryDatabase
 from inventory_pipeline.deployment import dagster_storage_url
 from inventory_pipeline.profiles import service
 from tests import factories as f
 
-PARTITIONS = profile_defs.library_partitions.name
+PARTITIONS = ranges.library_partitions.name
 
 
 @pytest.fixture
@@ -43,7 +45,7 @@ def storage_db(server_url: str) -> Iterator[str]:
 
 def ranges_of(libs: list[int]) -> list[str]:
     """The partition keys that hold the libraries."""
-    return sorted({profile_defs.partition_of(lib) for lib in libs})
+    return sorted({ranges.partition_of(lib) for lib in libs})
 
 
 def dirty_libraries(conn: Connection, count: int) -> list[int]:
@@ -70,7 +72,7 @@ def test_one_run_drains_a_backlog_larger_than_one_plan(
     assert result.output_for_node("refresh_claimed_profiles") == 60
     states = [f.state(conn, lib) for lib in libs]
     assert all(s["acknowledged_revision"] == s["revision"] for s in states)
-    done = instance.get_materialized_partitions(profile_defs.PROFILE_ASSET)
+    done = instance.get_materialized_partitions(ranges.PROFILE_ASSET)
     assert done == set(ranges_of(libs))
 
 
@@ -96,22 +98,22 @@ def test_one_lookup_names_each_partitions_latest_materialization(
 ) -> None:
     """The batched lookup agrees with the one-partition lookup, also for a partition
     whose latest materialization lies beyond the newest records of the others."""
-    first, second, never = (profile_defs.range_key(low) for low in (0, 10, 20))
+    first, second, never = (ranges.range_key(low) for low in (0, 10, 20))
     instance.add_dynamic_partitions(PARTITIONS, [first, second, never])
 
     def materialize(key: str) -> None:
         instance.report_runless_asset_event(
-            dg.AssetMaterialization(asset_key=profile_defs.PROFILE_ASSET, partition=key)
+            dg.AssetMaterialization(asset_key=ranges.PROFILE_ASSET, partition=key)
         )
 
     materialize(second)
     # More records of `first` than the batched read takes for three partitions.
-    for _ in range((profile_defs.PARTITION_WIDTH + 1) * 3 + 1):
+    for _ in range((ranges.PARTITION_WIDTH + 1) * 3 + 1):
         materialize(first)
-    found = profile_defs.target_materializations(instance, [first, second, never])
+    found = profile_checks.target_materializations(instance, [first, second, never])
     assert set(found) == {first, second}  # `never` was never materialized
     for key in (first, second):
-        alone = profile_defs.target_materialization(instance, key)
+        alone = profile_checks.target_materialization(instance, key)
         assert alone is not None
         assert found[key].storage_id == alone.storage_id
         assert found[key].run_id == alone.run_id

@@ -15,7 +15,8 @@ import dagster as dg
 import pytest
 
 from inventory_pipeline.db import Connection, connect, execute, fetch_one
-from inventory_pipeline.defs import profiles as profile_defs
+from inventory_pipeline.defs import profile_checks, profile_sensor
+from inventory_pipeline.defs import profile_ranges as ranges
 from inventory_pipeline.defs.resources import InventoryDatabase
 from inventory_pipeline.profiles import service
 from tests import factories as f
@@ -42,7 +43,7 @@ def repo(ui: gql.Dagster) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def sensor(repo: dict[str, str]) -> dict[str, str]:
-    return {**repo, "sensorName": profile_defs.library_profile_sensor.name}
+    return {**repo, "sensorName": profile_sensor.library_profile_sensor.name}
 
 
 @pytest.fixture
@@ -85,7 +86,7 @@ def asset_view(ui: gql.Dagster, partition: str = "", limit: int = 1) -> dict[str
 
 
 def add_partition(ui: gql.Dagster, repo: dict[str, str], key: str) -> None:
-    result = ui.query(gql.ADD_PARTITION, key=key, name=profile_defs.PARTITIONS_NAME, repo=repo)[
+    result = ui.query(gql.ADD_PARTITION, key=key, name=ranges.PARTITIONS_NAME, repo=repo)[
         "addDynamicPartition"
     ]
     assert result["__typename"] == "AddDynamicPartitionSuccess", result
@@ -139,7 +140,7 @@ def check_truth(conn: Connection, libraries: list[int]) -> dict[str, bool]:
     """Each partition's check as the database sees it: every library of it current."""
     truth: dict[str, bool] = {}
     for s in service.profile_status(conn, libraries):
-        key = profile_defs.partition_of(s.library_id)
+        key = ranges.partition_of(s.library_id)
         truth[key] = truth.get(key, True) and s.current
     return truth
 
@@ -148,7 +149,7 @@ def first_of_range(conn: Connection, srv: int, name: str, active: bool = True) -
     """A library with the lowest id of its range: the next ones join its partition."""
     while True:
         lib = f.library(conn, srv, name=name, active=active)
-        if lib % profile_defs.PARTITION_WIDTH == 0:
+        if lib % ranges.PARTITION_WIDTH == 0:
             return lib
         execute(conn, "DELETE FROM libraries WHERE id = %s", (lib,))
 
@@ -174,7 +175,7 @@ def test_backfill_of_chosen_partitions_and_what_the_partition_tabs_show(
     f.items(app, inactive, 6)
     f.items(app, stalled, 6)
     libraries = [full, small, inactive, empty, stalled]
-    key = profile_defs.partition_of
+    key = ranges.partition_of
     refreshed, archive, idle = key(full), key(inactive), key(empty)
     assert key(small) == refreshed and key(stalled) == idle
     assert len({refreshed, archive, idle}) == 3
@@ -252,7 +253,7 @@ def test_backfill_of_chosen_partitions_and_what_the_partition_tabs_show(
     context = dg.build_sensor_context(
         instance=instance, resources={"inventory_db": InventoryDatabase(url=ui.app_url)}
     )
-    result = profile_defs.library_profile_staleness_sensor(context)
+    result = profile_checks.library_profile_staleness_sensor(context)
     assert isinstance(result, dg.SensorResult)
     for event in result.asset_events:
         instance.report_runless_asset_event(event)
@@ -281,7 +282,7 @@ def test_partition_added_by_hand_breaks_neither_preview_nor_tick(
     assert removed == ["Films"]
     # The preview says what the tick found and would launch.
     [request] = evaluation["runRequests"]
-    plan = {t["key"]: t["value"] for t in request["tags"]}[profile_defs.PLAN_TAG]
+    plan = {t["key"]: t["value"] for t in request["tags"]}[profile_sensor.PLAN_TAG]
     # (Libraries of the test before are behind too.)
     assert re.fullmatch(
         r"\d+ librar(y|ies) to refresh \(\d+ planned by this tick, 0 expired leases\); "

@@ -12,14 +12,16 @@ import dagster as dg
 import pytest
 
 from inventory_pipeline.db import Connection, execute, fetch_one
+from inventory_pipeline.defs import profile_checks, profile_metadata, profile_sensor
+from inventory_pipeline.defs import profile_ranges as ranges
 from inventory_pipeline.defs import profiles as profile_defs
 from inventory_pipeline.defs.resources import InventoryDatabase
 from inventory_pipeline.profiles import service
 from inventory_pipeline.profiles.models import RefreshPolicy
 from tests import factories as f
 
-PARTITIONS = profile_defs.library_partitions.name
-key_of = profile_defs.partition_of
+PARTITIONS = ranges.library_partitions.name
+key_of = ranges.partition_of
 
 
 @pytest.fixture
@@ -65,7 +67,7 @@ def test_foreign_partition_key_is_reported_and_removed_not_fatal(
     f.items(conn, lib, 6)
     # What "Add partition" in the Materialize dialog does.
     instance.add_dynamic_partitions(PARTITIONS, [key_of(lib), "Films"])
-    result = tick(profile_defs.library_profile_sensor, instance, db_url, None)
+    result = tick(profile_sensor.library_profile_sensor, instance, db_url, None)
     assert isinstance(result, dg.SensorResult)
     deleted = [
         key
@@ -85,7 +87,7 @@ def test_foreign_key_without_work_is_the_skip_reason(
     lib = f.library(conn)
     # A bare library id (the former key) is no longer a key either.
     instance.add_dynamic_partitions(PARTITIONS, [key_of(lib), "Films", "7x", str(lib)])
-    result = tick(profile_defs.library_profile_sensor, instance, db_url, None)
+    result = tick(profile_sensor.library_profile_sensor, instance, db_url, None)
     assert isinstance(result, dg.SensorResult)
     assert result.skip_reason is not None
     message = result.skip_reason.skip_message
@@ -102,11 +104,11 @@ def test_a_tick_says_what_it_found_and_does(
     the tick launches, or why it launches nothing while libraries are behind."""
     lib = f.library(conn)
     f.items(conn, lib, 6)
-    sensor = profile_defs.library_profile_sensor
+    sensor = profile_sensor.library_profile_sensor
     first = tick(sensor, instance, db_url, None)
     assert isinstance(first, dg.SensorResult)
     [request] = first.run_requests or []
-    assert request.tags[profile_defs.PLAN_TAG] == (
+    assert request.tags[profile_sensor.PLAN_TAG] == (
         "1 library to refresh (1 planned by this tick, 0 expired leases); "
         "launching 1 run of up to 5000 claims each"
     )
@@ -146,7 +148,7 @@ def test_failed_tick_leaves_no_claim_and_no_lease(
 
     monkeypatch.setattr(instance, "get_dynamic_partitions", unavailable)
     with pytest.raises(RuntimeError, match="instance storage unavailable"):
-        tick(profile_defs.library_profile_sensor, instance, db_url, None)
+        tick(profile_sensor.library_profile_sensor, instance, db_url, None)
     assert leases(conn) == {"running": 0, "leased": 0, "requests": 1}
     monkeypatch.undo()
     result = profile_defs.library_profile_refresh.execute_in_process(
@@ -163,7 +165,7 @@ def test_materializing_a_foreign_key_fails_in_one_line_without_a_claim(
     f.items(conn, lib, 6)
     instance.add_dynamic_partitions(PARTITIONS, ["Films"])
     result = dg.materialize(
-        [profile_defs.library_profile, profile_defs.library_profile_current],
+        [profile_defs.library_profile, profile_checks.library_profile_current],
         partition_key="Films",
         instance=instance,
         resources={"inventory_db": InventoryDatabase(url=db_url)},
@@ -227,7 +229,7 @@ def test_small_library_says_why_every_trait_is_held_back(
     assert stored is not None
     assert rating == {k: stored["profile"]["rating"][k] for k in ("mean", "median", "p10", "p90")}
     assert full["profile"] == json.loads(json.dumps(stored["profile"]))
-    assert len(full["distribution/genres"].records) <= profile_defs.TABLE_ROWS + 1
+    assert len(full["distribution/genres"].records) <= profile_metadata.TABLE_ROWS + 1
 
 
 def test_a_run_records_one_materialization_per_range_listing_its_libraries(
@@ -255,8 +257,8 @@ def test_a_run_records_one_materialization_per_range_listing_its_libraries(
 
 def test_share_tables_are_bounded() -> None:
     shares = {f"genre {i:03}": 0.01 for i in range(60)}
-    table = profile_defs._share_table(shares)
-    assert len(table.records) == profile_defs.TABLE_ROWS + 1
+    table = profile_metadata._share_table(shares)
+    assert len(table.records) == profile_metadata.TABLE_ROWS + 1
     assert table.records[-1].data == {"value": "(40 more)", "share": 0.4}
 
 
@@ -270,7 +272,7 @@ def test_refresh_evaluations_target_the_partition_materialization(
     result = refresh(conn, db_url, instance)
     [evaluation] = result.get_asset_check_evaluations()
     latest = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=profile_defs.PROFILE_ASSET, asset_partitions=[key_of(lib)]),
+        dg.AssetRecordsFilter(asset_key=ranges.PROFILE_ASSET, asset_partitions=[key_of(lib)]),
         limit=1,
     ).records[0]
     assert evaluation.passed and evaluation.partition == key_of(lib)
@@ -285,7 +287,7 @@ def test_backfill_runs_the_check_step_against_the_new_materialization(
     f.items(conn, lib, 6)
     instance.add_dynamic_partitions(PARTITIONS, [key_of(lib)])
     result = dg.materialize(
-        [profile_defs.library_profile, profile_defs.library_profile_current],
+        [profile_defs.library_profile, profile_checks.library_profile_current],
         partition_key=key_of(lib),
         instance=instance,
         resources={"inventory_db": InventoryDatabase(url=db_url)},
@@ -296,7 +298,7 @@ def test_backfill_runs_the_check_step_against_the_new_materialization(
     assert evaluation.passed and evaluation.partition == key_of(lib)
     assert evaluation.target_materialization_data is not None
     latest = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=profile_defs.PROFILE_ASSET, asset_partitions=[key_of(lib)]),
+        dg.AssetRecordsFilter(asset_key=ranges.PROFILE_ASSET, asset_partitions=[key_of(lib)]),
         limit=1,
     ).records[0]
     assert evaluation.target_materialization_data.storage_id == latest.storage_id
@@ -310,9 +312,9 @@ def test_failed_check_says_why(conn: Connection, db_url: str) -> None:
     threshold it is an error. The figures are the range's, not one library's."""
     lib = f.library(conn)
     f.items(conn, lib, 6)
-    low = lib - lib % profile_defs.PARTITION_WIDTH
+    low = lib - lib % ranges.PARTITION_WIDTH
     db = InventoryDatabase(url=db_url)
-    result = profile_defs.range_current_result(db, low)
+    result = profile_checks.range_current_result(db, low)
     assert not result.passed and result.severity == dg.AssetCheckSeverity.WARN
     assert result.description == (
         f"library {lib}: inventory revision 1 not yet acknowledged (acknowledged 0);"
@@ -330,14 +332,14 @@ def test_failed_check_says_why(conn: Connection, db_url: str) -> None:
     # stalled one first (whatever the ids).
     late = f.library(conn, name="late")
     f.items(conn, late, 2)
-    assert late // profile_defs.PARTITION_WIDTH == lib // profile_defs.PARTITION_WIDTH
+    assert late // ranges.PARTITION_WIDTH == lib // ranges.PARTITION_WIDTH
     execute(
         conn,
         "UPDATE library_inventory_state SET dirty_since = now() - interval '16 minutes'"
         " WHERE library_id = %s",
         (late,),
     )
-    stalled = profile_defs.range_current_result(db, low)
+    stalled = profile_checks.range_current_result(db, low)
     assert not stalled.passed and stalled.severity == dg.AssetCheckSeverity.ERROR
     assert stalled.description == (
         f"library {late}: inventory revision 1 not yet acknowledged (acknowledged 0), "
@@ -348,7 +350,7 @@ def test_failed_check_says_why(conn: Connection, db_url: str) -> None:
 
 
 def test_partition_keys_are_ranges_of_library_ids() -> None:
-    width = profile_defs.PARTITION_WIDTH
+    width = ranges.PARTITION_WIDTH
     assert width == 10
     assert [key_of(i) for i in (0, 9, 10, 12345, 1_234_567)] == [
         "000000-000009",
@@ -357,10 +359,10 @@ def test_partition_keys_are_ranges_of_library_ids() -> None:
         "012340-012349",
         "1234560-1234569",
     ]
-    assert profile_defs.range_low("012340-012349") == 12340
+    assert ranges.range_low("012340-012349") == 12340
     # Only the keys the sensor writes: no other width, padding, order or text.
     for key in ("12340-12349", "012341-012350", "012340-012340", "012340", "Films", "-", ""):
-        assert profile_defs.range_low(key) is None, key
+        assert ranges.range_low(key) is None, key
 
 
 def two_libraries_in_one_range(conn: Connection) -> tuple[int, int]:
@@ -384,7 +386,7 @@ def test_backfill_of_a_range_refreshes_each_library_and_lists_them(
     instance.add_dynamic_partitions(PARTITIONS, [key])
     db = InventoryDatabase(url=db_url)
     result = dg.materialize(
-        [profile_defs.library_profile, profile_defs.library_profile_current],
+        [profile_defs.library_profile, profile_checks.library_profile_current],
         partition_key=key,
         instance=instance,
         resources={"inventory_db": db},
@@ -398,7 +400,7 @@ def test_backfill_of_a_range_refreshes_each_library_and_lists_them(
     assert sorted(m["library_id"] for m in shown if "library_id" in m) == [first, second]
     # The partition's latest materialization lists its libraries.
     latest = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=profile_defs.PROFILE_ASSET, asset_partitions=[key]),
+        dg.AssetRecordsFilter(asset_key=ranges.PROFILE_ASSET, asset_partitions=[key]),
         limit=1,
     ).records[0]
     event = latest.asset_materialization
@@ -410,7 +412,7 @@ def test_backfill_of_a_range_refreshes_each_library_and_lists_them(
     assert evaluation.passed and evaluation.partition == key
     # The check is the worst of the range: one library moving on fails the partition.
     f.items(conn, second, 1, seed=8)
-    stale = profile_defs.range_current_result(db, first - first % profile_defs.PARTITION_WIDTH)
+    stale = profile_checks.range_current_result(db, first - first % ranges.PARTITION_WIDTH)
     assert not stale.passed
     assert stale.description is not None and stale.description.startswith(f"library {second}:")
     assert (stale.metadata["libraries"].value, stale.metadata["current"].value) == (2, 1)
@@ -471,7 +473,7 @@ def test_stalled_library_fails_its_check_without_a_run_or_a_claim(
         " WHERE library_id = %s",
         (stalled,),
     )
-    sensor = profile_defs.library_profile_staleness_sensor
+    sensor = profile_checks.library_profile_staleness_sensor
     result = tick(sensor, instance, db_url, None)
     assert isinstance(result, dg.SensorResult)
     # The stalled library's partition turns red; its fresh neighbour does not hide it.
@@ -503,7 +505,7 @@ def test_partition_sync_reads_the_key_sets_only_when_they_changed(
     """A tick in step reads neither key set; new libraries add their ranges without a
     diff; a range whose last library is deleted, a key added by hand and the periodic
     full diff still converge."""
-    sensor = profile_defs.library_profile_sensor
+    sensor = profile_sensor.library_profile_sensor
     srv = f.server(conn)
 
     def add_library(library_id: int) -> int:
@@ -608,7 +610,7 @@ def test_keys_of_one_partition_per_library_are_replaced_on_the_first_tick(
         }
     )
     before = set(instance.get_dynamic_partitions(PARTITIONS))
-    result = tick(profile_defs.library_profile_sensor, instance, db_url, cursor)
+    result = tick(profile_sensor.library_profile_sensor, instance, db_url, cursor)
     assert isinstance(result, dg.SensorResult)
     added = [k for k in instance.get_dynamic_partitions(PARTITIONS) if k not in before]
     deleted = [
