@@ -130,31 +130,55 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
-        defaults = RefreshPolicy()
-        policy = checked_policy(
-            {
-                name: _positive_int(env, var, getattr(defaults, name))
-                for name, var in POLICY_ENV.items()
-            }
-        )
-        database_url = env.get(DATABASE_URL) or None
-        if database_url is not None:
-            from inventory_pipeline.db.connection import validate_url
-
-            validate_url(database_url)
+        tmdb = tmdb_from_env(env)
         return cls(
-            database_url=database_url,
+            database_url=database_url_from_env(env),
             dagster_storage_url=env.get(DAGSTER_STORAGE_URL) or None,
             data_dir=Path(env.get(DATA_DIR) or ".inventory_pipeline").resolve(),
-            policy=policy,
-            max_runs_per_tick=_positive_int(env, MAX_RUNS_PER_TICK, cls.max_runs_per_tick),
-            tmdb_base_url=_base_url(env.get(TMDB_BASE_URL) or cls.tmdb_base_url),
-            tmdb_rate=_positive_int(env, TMDB_RATE, cls.tmdb_rate),
-            observation_workers=_positive_int(env, OBSERVATION_WORKERS, cls.observation_workers),
-            observation_max_items=_positive_int(
-                env, OBSERVATION_MAX_ITEMS, cls.observation_max_items
-            ),
-            revalidations_per_hour=checked_revalidations(
-                _positive_int(env, REVALIDATIONS_PER_HOUR, cls.revalidations_per_hour)
-            ),
+            policy=policy_from_env(env),
+            max_runs_per_tick=max_runs_from_env(env),
+            tmdb_base_url=tmdb.base_url,
+            tmdb_rate=tmdb.rate,
+            observation_workers=tmdb.workers,
+            observation_max_items=tmdb.max_items,
+            revalidations_per_hour=tmdb.revalidations_per_hour,
         )
+
+
+# Each reader checks only its own variables: a bad TMDb setting fails what asks TMDb,
+# never the profile refresh or the stats worker.
+
+
+def database_url_from_env(env: Mapping[str, str]) -> str | None:
+    """The application database's URL, checked to be a PostgreSQL URL; None when unset."""
+    url = env.get(DATABASE_URL) or None
+    if url is not None:
+        from inventory_pipeline.db.connection import validate_url
+
+        validate_url(url)
+    return url
+
+
+def policy_from_env(env: Mapping[str, str]) -> RefreshPolicy:
+    """The refresh policy: each field from its variable (POLICY_ENV), else its default."""
+    defaults = RefreshPolicy()
+    return checked_policy(
+        {name: _positive_int(env, var, getattr(defaults, name)) for name, var in POLICY_ENV.items()}
+    )
+
+
+def max_runs_from_env(env: Mapping[str, str]) -> int:
+    return _positive_int(env, MAX_RUNS_PER_TICK, DEFAULT_MAX_RUNS_PER_TICK)
+
+
+def tmdb_from_env(env: Mapping[str, str]) -> TmdbSettings:
+    """Where and how fast TMDb is asked: each field from its variable, else its default."""
+    return TmdbSettings(
+        base_url=_base_url(env.get(TMDB_BASE_URL) or TmdbSettings.base_url),
+        rate=_positive_int(env, TMDB_RATE, TmdbSettings.rate),
+        workers=_positive_int(env, OBSERVATION_WORKERS, TmdbSettings.workers),
+        max_items=_positive_int(env, OBSERVATION_MAX_ITEMS, TmdbSettings.max_items),
+        revalidations_per_hour=checked_revalidations(
+            _positive_int(env, REVALIDATIONS_PER_HOUR, TmdbSettings.revalidations_per_hour)
+        ),
+    )

@@ -41,7 +41,11 @@ Row: TypeAlias = dict[str, Any]
 Params: TypeAlias = Mapping[str, Any] | Sequence[Any] | None
 
 # A `password=` parameter, in a URL query or a key=value connection string.
-_PASSWORD_PARAM = re.compile(r"((?:^|[?&\s])password\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]*)", re.I)
+# `password` and `sslpassword` (the client key's passphrase) are the parameters libpq
+# treats as secrets.
+_PASSWORD_PARAM = re.compile(
+    r"((?:^|[?&\s])(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]*)", re.I
+)
 
 
 def _userinfo_end(rest: str) -> int:

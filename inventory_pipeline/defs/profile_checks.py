@@ -90,8 +90,10 @@ def range_verdict(statuses: Sequence[ProfileStatus], stall_seconds: int) -> Rang
     wrong). The metadata are figures of the whole range, so its plots mean something."""
     error, warn = dg.AssetCheckSeverity.ERROR, dg.AssetCheckSeverity.WARN
     if not statuses:
+        # Nothing is wrong: the partition goes on the sensor's next tick.
+        empty = {"libraries": 0, "current": 0, "behind": 0, "oldest_lag_seconds": 0.0}
         return RangeVerdict(
-            False, error, "no library in this range", {"reason": "deleted", "libraries": 0}
+            True, error, "no library in this range: its libraries were deleted", empty
         )
     # Libraries in error first, so the named few include one when there is one.
     behind = sorted(

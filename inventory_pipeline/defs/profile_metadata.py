@@ -159,7 +159,7 @@ def range_summary(
                 "library": f"{s.label.name} ({s.label.media_kind})",
                 "media_server": f"{s.label.server_name} ({s.label.server_kind})",
                 "outcome": outcomes.get(s.library_id, UNCHANGED),
-                "item_count": s.item_count or 0,
+                "item_count": s.items,
                 "revision": s.revision,
                 "acknowledged": s.acknowledged_revision,
                 "profile_revision": s.profile_revision,

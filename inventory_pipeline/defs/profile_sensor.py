@@ -179,8 +179,10 @@ def library_profile_sensor(
     first = int(state["runs"])
     # What the tick found and does, the same line in each request's tags and in the
     # skip reason: a preview from the UI shows one of the two.
+    # The count stops at what the runs it may launch can claim.
+    more = "+" if claimable >= max_runs * policy.run_claims else ""
     found = (
-        f"{claimable} {plural(claimable, 'library')} to refresh "
+        f"{claimable}{more} {plural(claimable, 'library')} to refresh "
         f"({plan.planned} planned by this tick, {plan.expired} expired leases)"
     )
     runs = [
@@ -203,10 +205,10 @@ def library_profile_sensor(
     if claimable == 0 and behind == 0:
         reason = "nothing to refresh"
     elif claimable == 0:
+        # Claimed by a run, waiting for a retry or a closed circuit, or inactive.
         reason = (
             f"nothing to claim now: {behind}{'+' if behind == DIRTY_SHOWN else ''} "
-            f"{plural(behind, 'library')} behind, each waiting for its running refresh "
-            "or a retry"
+            f"{plural(behind, 'library')} behind, being refreshed or not due yet"
         )
     else:
         reason = f"{found}; {waiting} {plural(waiting, 'run')} already waiting to start"

@@ -130,7 +130,11 @@ def log_completions(
     if not completions:
         return
     by_range = range_statuses(conn, sorted({low_of(c.library_id) for c in completions}))
-    outcomes = {c.library_id: c.outcome for c in completions}  # a library's last one
+    # A range is materialized when the batch stored a profile of it (published or
+    # removed); a library's outcome is its last in the batch, and its row and profile are
+    # what is stored now, so a publish followed by a failed attempt reads "failed" beside
+    # the profile that stands.
+    outcomes = {c.library_id: c.outcome for c in completions}
     done: dict[int, dict[int, Completion]] = {}
     for c in completions:
         if c.outcome in ("published", "removed"):
@@ -280,9 +284,12 @@ def library_profile(
 
 
 @dg.op
-def compact_refresh_requests(inventory_db: InventoryDatabase) -> dg.Output[int]:
+def compact_refresh_requests(
+    context: dg.OpExecutionContext, inventory_db: InventoryDatabase
+) -> dg.Output[int]:
     with inventory_db.connection() as conn:
         deleted = service.compact(conn, inventory_db.policy())
+    context.log.info(f"deleted {deleted} terminal refresh requests past the retention")
     return dg.Output(deleted, metadata={"deleted": deleted})
 
 

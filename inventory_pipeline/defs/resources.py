@@ -1,4 +1,4 @@
-"""Settings as resources, read once per process and bound in `definitions.py`.
+"""Settings as resources, read when a run or tick starts and bound in `definitions.py`.
 
 The code location binds resources that read the environment when a run or tick
 initializes them (`bound_resources`): a value never appears in run config, the
@@ -31,12 +31,15 @@ from inventory_pipeline.settings import (
     DATABASE_URL,
     DEFAULT_MAX_RUNS_PER_TICK,
     MAX_RUNS_PER_TICK,
-    Settings,
     SettingsError,
     TmdbSettings,
     checked_policy,
     checked_positive,
     checked_tmdb,
+    database_url_from_env,
+    max_runs_from_env,
+    policy_from_env,
+    tmdb_from_env,
 )
 
 _POLICY_DEFAULTS = RefreshPolicy()
@@ -108,38 +111,28 @@ class TmdbResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             raise dg.Failure(str(exc)) from None
 
 
-def _settings(env: Mapping[str, str]) -> Settings:
-    """The environment's settings, or the run or tick fails in one line naming the
-    variable."""
+def inventory_database(env: Mapping[str, str] | None = None) -> InventoryDatabase:
+    """The database resource as the environment has it now; a bad value fails the run or
+    tick in one line naming its variable."""
+    env = os.environ if env is None else env
     try:
-        settings = Settings.from_env(env)
+        url = database_url_from_env(env)
+        policy = policy_from_env(env)
+        runs_per_tick = max_runs_from_env(env)
     except (SettingsError, InvalidDatabaseUrl) as exc:
         raise dg.Failure(str(exc)) from None
-    return settings
-
-
-def inventory_database(env: Mapping[str, str] | None = None) -> InventoryDatabase:
-    """The database resource as the environment has it now."""
-    settings = _settings(os.environ if env is None else env)
-    if settings.database_url is None:
+    if url is None:
         raise dg.Failure(f"{DATABASE_URL} is not set: the application database's URL")
-    return InventoryDatabase(
-        url=settings.database_url,
-        runs_per_tick=settings.max_runs_per_tick,
-        **asdict(settings.policy),
-    )
+    return InventoryDatabase(url=url, runs_per_tick=runs_per_tick, **asdict(policy))
 
 
 def tmdb_resource(env: Mapping[str, str] | None = None) -> TmdbResource:
-    """The TMDb resource as the environment has it now."""
-    settings = _settings(os.environ if env is None else env)
-    return TmdbResource(
-        base_url=settings.tmdb_base_url,
-        rate=settings.tmdb_rate,
-        workers=settings.observation_workers,
-        max_items=settings.observation_max_items,
-        revalidations_per_hour=settings.revalidations_per_hour,
-    )
+    """The TMDb resource as the environment has it now (its own variables only)."""
+    try:
+        tmdb = tmdb_from_env(os.environ if env is None else env)
+    except SettingsError as exc:
+        raise dg.Failure(str(exc)) from None
+    return TmdbResource(**asdict(tmdb))
 
 
 def bound_resources() -> dict[str, dg.ResourceDefinition]:

@@ -38,8 +38,16 @@ class RebuildConfig(dg.Config):
     user_ids: list[str] = pydantic.Field(default_factory=list)
 
 
+def said(figures: dict[str, object], verb: str = "") -> str:
+    """A maintenance run's figures as its one log line: what it did, in the run's log."""
+    shown = ", ".join(f"{value} {name}" for name, value in figures.items())
+    return f"{verb}: {shown}" if verb else shown
+
+
 @dg.op
-def request_stats_rebuild(config: RebuildConfig, inventory_db: InventoryDatabase) -> dg.Output[int]:
+def request_stats_rebuild(
+    context: dg.OpExecutionContext, config: RebuildConfig, inventory_db: InventoryDatabase
+) -> dg.Output[int]:
     """Enqueue full-history ranges for chosen users (none chosen: every user), one user
     per transaction; a rebuild a killed run left unfinished is finished first."""
     raw = list(config.user_ids)
@@ -49,6 +57,7 @@ def request_stats_rebuild(config: RebuildConfig, inventory_db: InventoryDatabase
         raise dg.Failure("user_ids must be UUIDs") from None
     with inventory_db.connection() as conn:
         progress = rebuild.request_rebuild(conn, users or None)
+    context.log.info(f"rebuild requested for {progress.requested} users")
     return dg.Output(
         progress.requested,
         metadata={"users": progress.requested, "pass": progress.pass_id},
@@ -72,7 +81,9 @@ class RolloverConfig(dg.Config):
 
 
 @dg.op(tags={QUEUE_TAG: MAINTENANCE_QUEUE})
-def roll_pr_overview(config: RolloverConfig, inventory_db: InventoryDatabase) -> dg.Output[int]:
+def roll_pr_overview(
+    context: dg.OpExecutionContext, config: RolloverConfig, inventory_db: InventoryDatabase
+) -> dg.Output[int]:
     """Answer catalog tokens, move the PR overview window of due users until none is due
     or the budget is spent, and resume rebuilds whose run was killed."""
     if not config.budget_seconds > 0 or not config.users_per_second >= 0:
@@ -97,6 +108,7 @@ def roll_pr_overview(config: RolloverConfig, inventory_db: InventoryDatabase) ->
         "failing_users": int(overview.get("failing_users") or 0),
         "oldest_success": str(overview.get("oldest_success") or "-"),
     }
+    context.log.info(said(metadata))
     return dg.Output(rolled.requested + catalog, metadata=metadata)
 
 
@@ -106,13 +118,17 @@ def stats_rollover() -> None:
 
 
 @dg.op
-def scan_stale_stats(inventory_db: InventoryDatabase) -> dg.Output[int]:
+def scan_stale_stats(
+    context: dg.OpExecutionContext, inventory_db: InventoryDatabase
+) -> dg.Output[int]:
     """One page of the backfill scanner."""
     with inventory_db.connection() as conn:
         page = maintenance.scan(conn)
     signals: dict[str, int] = {}
     for _, signal in page.stale:
         signals[signal] = signals.get(signal, 0) + 1
+    found = f"{len(page.stale)} stale users queued" + (f" {signals}" if signals else "")
+    context.log.info(f"scanned a page: {found}")
     return dg.Output(
         len(page.stale),
         metadata={
@@ -181,6 +197,7 @@ def prune_stats_history(
         "dagster_runs": sum(runs.values()),
         "dagster_runs_by_job": dg.MetadataValue.json(runs),
     }
+    context.log.info(said({**deleted, "dagster_runs": sum(runs.values())}, "deleted"))
     return dg.Output(sum(deleted.values()) + sum(runs.values()), metadata=metadata)
 
 

@@ -146,6 +146,13 @@ def test_run_history_purge_is_bounded_and_selective(
         assert result.success
         [output] = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"]
         passes.append(output.event_specific_data.metadata["dagster_runs"].value)  # type: ignore[union-attr]
+        # The run's log says what it did, not only its metadata.
+        said = [
+            e.message
+            for e in instance.all_logs(result.run_id)
+            if e.user_message.startswith("deleted: ")
+        ]
+        assert said and f"{passes[-1]} dagster_runs" in said[0], said
     assert passes == [2, 2, 1, 0]  # bounded batches
     left = run_ids(instance)
     assert kept <= left and not (doomed & left)

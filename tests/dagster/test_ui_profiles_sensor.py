@@ -127,7 +127,7 @@ def test_a_tick_says_what_it_found_and_does(
     busy = tick(sensor, instance, db_url, None)
     assert isinstance(busy, dg.SkipReason)
     assert busy.skip_message == (
-        "nothing to claim now: 1 library behind, each waiting for its running refresh or a retry"
+        "nothing to claim now: 1 library behind, being refreshed or not due yet"
     )
     assert service.process(conn, claim, RefreshPolicy()).outcome == "published"
     assert f.state(conn, lib)["acknowledged_revision"] == f.revision(conn, lib)

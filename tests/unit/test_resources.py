@@ -128,3 +128,14 @@ def test_a_value_that_is_not_a_number_fails_the_run_naming_the_variable(
     text = str(failure.event_specific_data)
     assert "INVENTORY_TMDB_RATE must be a whole number" in text
     assert "fast-9c1d" not in text
+
+
+def test_a_bad_tmdb_value_fails_only_what_asks_tmdb(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A typo in a TMDb setting fails the observation path, never the profile refresh or
+    the stats worker (which read only the database resource)."""
+    env = {"INVENTORY_DATABASE_URL": "postgresql://u@127.0.0.1:1/x", "INVENTORY_TMDB_RATE": "-5"}
+    assert inventory_database(env).run_claims == 5000
+    with pytest.raises(dg.Failure, match="INVENTORY_TMDB_RATE must be positive"):
+        tmdb_resource(env)
+    # And the other way: a bad policy value leaves TMDb's resource readable.
+    assert tmdb_resource({"INVENTORY_RUN_CLAIMS": "0"}).rate == 40

@@ -86,6 +86,7 @@ def test_build_url_round_trips() -> None:
         "postgresql://u:pa?ss@h/d?sslmode=disable",
         "postgresql://u@h/d?sslmode=disable&password=p%40ss",
         "postgresql://u@h/d?password=p@ss&sslmode=disable",
+        "postgresql://u@h/d?sslmode=verify-full&sslpassword=p@ss",
     ],
 )
 def test_redact_hides_every_form_of_password(url: str) -> None:
