@@ -23,7 +23,7 @@ from inventory_pipeline.defs.resources import (
     run_in_flight,
 )
 from inventory_pipeline.defs.sources import CREDENTIALS_GROUP
-from inventory_pipeline.defs.ticks import logged
+from inventory_pipeline.defs.ticks import cursor_state, logged
 
 WAKEUP_QUEUE = "credential_wakeup"
 CREDENTIAL = dg.AssetKey("tmdb_credential")
@@ -155,7 +155,7 @@ def credential_wakeup_sensor(
     stands, including why a key nobody needed to probe is unverified."""
     with inventory_db.connection() as conn:
         status = service.status(conn)
-    state = _read_cursor(context.cursor)
+    state = cursor_state(context.cursor, "launches")
     if status is None or status.auth_cases == 0:
         skip = "no authentication cases"
     elif not (status.wants_probe or status.wants_release):
@@ -186,21 +186,6 @@ def credential_wakeup_sensor(
     )
     context.update_cursor(json.dumps({**state, "check": description}, sort_keys=True))
     return dg.SensorResult(asset_events=[evaluation], skip_reason=skip)
-
-
-def _read_cursor(cursor: str | None) -> dict[str, Any]:
-    """Launches so far and the key check last recorded; a bare integer is the older
-    cursor (launches only)."""
-    if not cursor:
-        return {"launches": 0}
-    if cursor.isdigit():
-        return {"launches": int(cursor)}
-    try:
-        state = json.loads(cursor)
-    except ValueError:
-        return {"launches": 0}
-    valid = isinstance(state, dict) and isinstance(state.get("launches"), int)
-    return state if valid else {"launches": 0}
 
 
 @dg.asset_check(

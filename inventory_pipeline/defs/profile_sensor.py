@@ -9,7 +9,6 @@ claims: ticks fail, are previewed and retried, and a run may wait in the queue."
 import json
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import dagster as dg
 
@@ -27,7 +26,7 @@ from inventory_pipeline.defs.profiles import (
     library_profile_refresh,
 )
 from inventory_pipeline.defs.resources import QUEUE_TAG, InventoryDatabase, runs_waiting
-from inventory_pipeline.defs.ticks import logged
+from inventory_pipeline.defs.ticks import cursor_state, logged
 from inventory_pipeline.profiles import service
 
 # Dirty libraries a skip reason counts before it says "1000+".
@@ -51,20 +50,6 @@ def _partition_order(key: str) -> tuple[int, int, str]:
 # A full partition diff at least this often even when nothing seems to have changed:
 # it restores a range partition deleted by hand in the UI, which no cheap signal shows.
 FULL_SYNC_SECONDS = 60
-
-
-def _read_cursor(cursor: str | None) -> dict[str, Any]:
-    """The profile sensor's cursor: runs launched so far and the last synced partition
-    state. A bare integer is the older cursor (runs launched only)."""
-    if not cursor:
-        return {"runs": 0}
-    if cursor.isdigit():
-        return {"runs": int(cursor)}
-    try:
-        state = json.loads(cursor)
-    except ValueError:
-        return {"runs": 0}
-    return state if isinstance(state, dict) and isinstance(state.get("runs"), int) else {"runs": 0}
 
 
 def _newest_partition(instance: dg.DagsterInstance) -> str:
@@ -128,7 +113,7 @@ def library_profile_sensor(
     its partition when its last library is deleted."""
     policy = inventory_db.policy()
     max_runs = inventory_db.max_runs_per_tick()
-    state = _read_cursor(context.cursor)
+    state = cursor_state(context.cursor, "runs")
     newest = _newest_partition(context.instance)
     partition_requests: list[dg.DeleteDynamicPartitionsRequest] = []
     added: list[str] = []

@@ -122,15 +122,19 @@ def proposal_metadata(view: ProposalOverview) -> dict[str, Any]:
     }
 
 
+def standing_view(inventory_db: InventoryDatabase) -> dict[str, Any]:
+    """The proposals as the database holds them now: what every materialization shows."""
+    with inventory_db.connection() as conn:
+        return proposal_metadata(service.overview(conn, TABLE_ROWS))
+
+
 def log_proposals(
     context: dg.OpExecutionContext,
     inventory_db: InventoryDatabase,
     extra: dict[str, Any],
 ) -> None:
-    """Materialize the standing view as the database holds it now."""
-    with inventory_db.connection() as conn:
-        view = service.overview(conn, TABLE_ROWS)
-    metadata = {**proposal_metadata(view), **extra}
+    """Materialize the standing view after an operator's decision."""
+    metadata = {**standing_view(inventory_db), **extra}
     context.log_event(dg.AssetMaterialization(asset_key=PROPOSALS, metadata=metadata))
 
 
@@ -155,11 +159,9 @@ def replacement_proposals(
         (context.log.warning if level == "warning" else context.log.info)(message)
 
     summary = service.revalidate_due(inventory_db.url, tmdb.settings(), report)
-    with inventory_db.connection() as conn:
-        view = service.overview(conn, TABLE_ROWS)
     return dg.MaterializeResult(
         metadata={
-            **proposal_metadata(view),
+            **standing_view(inventory_db),
             "checked": len(summary.results),
             "proposed": summary.count("proposed"),
             "unproposed": summary.count("no_proposal"),

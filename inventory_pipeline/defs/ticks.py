@@ -4,11 +4,13 @@ The UI's tick history shows a tick's logs ("No logs to display" otherwise), and 
 skip reason only in a preview; so a sensor's answer is logged in its tick: a launch
 always (INFO), a skip when it differs from the sensor's previous answer in this process
 (DEBUG). Skips stay off the console `dev` prints, and an idle sensor does not open a
-captured-log file every few seconds (Dagster keeps one per logging tick)."""
+captured-log file every few seconds (Dagster keeps one per logging tick). A sensor
+that keeps more than a launch count in its cursor reads it with `cursor_state`."""
 
 from __future__ import annotations
 
 import functools
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -55,3 +57,18 @@ def logged(evaluate: Callable[..., Any]) -> Callable[..., Any]:
         return result
 
     return logging_evaluate
+
+
+def cursor_state(cursor: str | None, counter: str) -> dict[str, Any]:
+    """A sensor's JSON cursor holding a count of launches (`counter`) and whatever else
+    the sensor keeps; a bare integer is the older cursor (the count only), and anything
+    unreadable starts again from zero."""
+    if cursor and cursor.isdigit():
+        return {counter: int(cursor)}
+    try:
+        state = json.loads(cursor) if cursor else None
+    except ValueError:
+        state = None
+    if isinstance(state, dict) and isinstance(state.get(counter), int):
+        return state
+    return {counter: 0}

@@ -12,7 +12,7 @@ import pytest
 from inventory_pipeline.db import Connection
 from inventory_pipeline.defs import stats as stats_defs
 from inventory_pipeline.defs.resources import InventoryDatabase
-from inventory_pipeline.defs.ticks import answer_of
+from inventory_pipeline.defs.ticks import answer_of, cursor_state
 from tests import stats_factories as sf
 
 
@@ -41,3 +41,11 @@ def test_answers_read_as_one_line() -> None:
     )
     assert answer_of(dg.SensorResult(skip_reason="busy")) == (False, "skipped: busy")
     assert answer_of(None) is None
+
+
+def test_a_cursor_of_an_older_release_or_unreadable_keeps_or_restarts_its_count() -> None:
+    assert cursor_state(None, "runs") == {"runs": 0}
+    assert cursor_state("7", "runs") == {"runs": 7}  # the older bare count
+    assert cursor_state('{"runs": 3, "width": 10}', "runs") == {"runs": 3, "width": 10}
+    for unreadable in ("{", "[]", '{"runs": "3"}', '{"launches": 2}'):
+        assert cursor_state(unreadable, "runs") == {"runs": 0}, unreadable
