@@ -156,8 +156,7 @@ def range_summary(
         dg.TableRecord(
             {
                 "library_id": s.library_id,
-                "library": f"{s.label.name} ({s.label.media_kind})",
-                "media_server": f"{s.label.server_name} ({s.label.server_kind})",
+                **label_metadata(s.label),
                 "outcome": outcomes.get(s.library_id, UNCHANGED),
                 "item_count": s.items,
                 "revision": s.revision,
