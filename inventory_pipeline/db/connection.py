@@ -261,6 +261,10 @@ def in_transaction(conn: Connection) -> bool:
     return conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
 
 
+CALLER_TIMEOUT = "SELECT current_setting('statement_timeout') AS timeout"
+RESTORE_TIMEOUT = "SELECT set_config('statement_timeout', %(timeout)s, true)"
+
+
 def fetch_one_armed(
     conn: Connection, arm: str, arm_params: Params, query: str, params: Params = None
 ) -> Row | None:
@@ -272,9 +276,15 @@ def fetch_one_armed(
     savepoint, and commit with the caller."""
     with translate_errors():
         if in_transaction(conn):
+            # The arm's settings are transaction-local: a released savepoint keeps them,
+            # so the caller's later statements (and the next armed call's own arm)
+            # would run under this call's budget. The caller's timeout is put back.
+            caller = conn.execute(CALLER_TIMEOUT).fetchone()
             with conn.transaction():
                 conn.execute(arm, arm_params)
-                return conn.execute(query, params).fetchone()
+                row = conn.execute(query, params).fetchone()
+                conn.execute(RESTORE_TIMEOUT, caller)
+            return row
         # A statement's error arrives at the sync, when the block ends. An error raised
         # inside the block (a connection already lost) is raised after it, so that the
         # block's own end reports the connection rather than logging a second error.

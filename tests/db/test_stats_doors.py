@@ -164,3 +164,19 @@ def test_application_role_boundaries(conn: Connection, squat: str) -> None:
         execute(conn, "SELECT set_config('inventory.current_user_id', %s, true)", (str(me),))
         visible = fetch_all(conn, "SELECT user_id FROM user_exercise_stats")
     assert [r["user_id"] for r in visible] == [me]  # only its own projections
+
+
+def test_a_callers_transaction_keeps_its_own_statement_timeout(
+    conn: Connection, squat: str
+) -> None:
+    """The scoped processor arms each stage's budget transaction-locally inside the
+    caller's transaction: after it, the caller's statements run under the caller's
+    timeout again, not the last stage's budget (and each stage's arm ran under the
+    caller's, never under the stage before it)."""
+    user = uuid.uuid4()
+    sf.save(conn, user, D, sf.sets((squat, 100, 5)))
+    with conn.transaction():
+        execute(conn, "SET LOCAL statement_timeout = '123s'")
+        assert service.process_user(conn, user, "app").outcome == "published"
+        row = fetch_one(conn, "SELECT current_setting('statement_timeout') AS timeout")
+        assert row is not None and row["timeout"] == "123s"
