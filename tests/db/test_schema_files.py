@@ -22,32 +22,17 @@ from inventory_pipeline.db.connection import (
     url_with_database,
 )
 
-# What each schema file owns, by name: a new object of the capability named like its
-# others is caught even when the schema file forgot it.
-CAPABILITIES = {
-    "inventory_pipeline.stats": {
-        "relations": r"^(stats_|training_|user_|exercise|catalog_invalidation|pr_overview)",
-        "functions": (
-            r"^(stats_|bump_stats|delete_manual_pr|delete_training_session|enqueue_user_exercise"
-            r"|estimated_one_rep_max|get_pr_overview|log_exercise_change|record_catalog_token"
-            r"|request_stats_refresh|save_manual_pr|save_training_session)"
-        ),
-        "domains": r"^stats_",
-        # Starting rows, without the columns that record when they were written.
-        "rows": {
-            "stats_projection_worker_settings": "SELECT * FROM stats_projection_worker_settings",
-            "stats_lease_slots": (
-                "SELECT slot, run_id, lease_until::text FROM stats_lease_slots ORDER BY slot"
-            ),
-            "pr_overview_projection_control": (
-                "SELECT id, catalog_epoch FROM pr_overview_projection_control"
-            ),
-            "stats_scan_cursor": "SELECT id, cursor, laps FROM stats_scan_cursor",
-            "stats_refresh_event_types": "SELECT * FROM stats_refresh_event_types ORDER BY id",
-            "catalog_invalidation_tokens": "SELECT * FROM catalog_invalidation_tokens",
-        },
-    },
-}
+# The schema files in the order a fresh database takes them: a capability's file may use
+# the objects of the files before it (the recovery triggers sit on the inventory's items).
+SCHEMA_FILES = (
+    "inventory_pipeline.profiles",
+    "inventory_pipeline.recovery",
+    "inventory_pipeline.credentials",
+    "inventory_pipeline.revalidation",
+    "inventory_pipeline.stats",
+)
+# The migrator's own ledger, which no schema file describes.
+LEDGER = "schema_migrations"
 
 ACL = """
 SELECT coalesce(r.rolname, 'PUBLIC') AS grantee, a.privilege_type
@@ -63,8 +48,34 @@ def _acl(conn: Connection, acl: Any, owner: int) -> list[tuple[str, str]]:
     return [(r["grantee"], r["privilege_type"]) for r in rows]
 
 
-def catalog(conn: Connection, owned: dict[str, Any]) -> dict[str, Any]:
-    """Every object of the capability, described so two databases compare equal when
+def _rows(conn: Connection, table: str) -> list[Any]:
+    """A table's rows without the columns that record when or by chance they were
+    written (timestamps, generated uuids): the rows a fresh database starts from."""
+    columns = [
+        r["attname"]
+        for r in fetch_all(
+            conn,
+            "SELECT a.attname FROM pg_attribute a LEFT JOIN pg_attrdef d"
+            "  ON d.adrelid = a.attrelid AND d.adnum = a.attnum"
+            " WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped"
+            " AND a.atttypid NOT IN ('timestamptz'::regtype, 'timestamptz[]'::regtype)"
+            " AND coalesce(pg_get_expr(d.adbin, d.adrelid), '') !~ 'gen_random_uuid'"
+            " ORDER BY a.attnum",
+            (table,),
+        )
+    ]
+    # Identifiers from the catalog, quoted by format(): no value reaches the text.
+    query = fetch_all(
+        conn,
+        "SELECT format('SELECT %%s FROM %%I ORDER BY 1', string_agg(format('%%I', c), ', '),"
+        " %s::text) AS q FROM unnest(%s::text[]) AS c",
+        (table, columns),
+    )[0]["q"]
+    return [tuple(r.values()) for r in fetch_all(conn, query)] if columns else []
+
+
+def catalog(conn: Connection) -> dict[str, Any]:
+    """Every object of the schema, described so that two databases compare equal when
     they hold the same definitions."""
     described: dict[str, Any] = {"tables": {}, "functions": {}, "domains": {}, "rows": {}}
     for domain in fetch_all(
@@ -72,21 +83,21 @@ def catalog(conn: Connection, owned: dict[str, Any]) -> dict[str, Any]:
         "SELECT t.typname, format_type(t.typbasetype, t.typtypmod) AS base, t.typnotnull,"
         " ARRAY(SELECT pg_get_constraintdef(k.oid) FROM pg_constraint k"
         "       WHERE k.contypid = t.oid ORDER BY 1) AS checks"
-        " FROM pg_type t WHERE t.typnamespace = 'public'::regnamespace AND t.typtype = 'd'"
-        " AND t.typname ~ %s",
-        (owned["domains"],),
+        " FROM pg_type t WHERE t.typnamespace = 'public'::regnamespace AND t.typtype = 'd'",
     ):
         described["domains"][domain["typname"]] = domain
     for table in fetch_all(
         conn,
-        "SELECT c.oid, c.relname, c.relkind, c.relrowsecurity, c.relowner, c.relacl"
+        "SELECT c.oid, c.relname, c.relkind, c.relrowsecurity, c.relowner, c.relacl,"
+        " CASE WHEN c.relkind = 'v' THEN pg_get_viewdef(c.oid) END AS view"
         " FROM pg_class c WHERE c.relnamespace = 'public'::regnamespace"
-        " AND c.relkind IN ('r', 'v', 'm', 'p') AND c.relname ~ %s",
-        (owned["relations"],),
+        " AND c.relkind IN ('r', 'v', 'm', 'p', 'c') AND c.relname <> %s",
+        (LEDGER,),
     ):
         oid = table["oid"]
         described["tables"][table["relname"]] = {
             "kind": table["relkind"],
+            "view": table["view"],
             "row_security": table["relrowsecurity"],
             "columns": fetch_all(
                 conn,
@@ -112,7 +123,7 @@ def catalog(conn: Connection, owned: dict[str, Any]) -> dict[str, Any]:
             ),
             "triggers": fetch_all(
                 conn,
-                "SELECT pg_get_triggerdef(oid) AS definition FROM pg_trigger"
+                "SELECT pg_get_triggerdef(oid) AS definition, tgenabled FROM pg_trigger"
                 " WHERE tgrelid = %s AND NOT tgisinternal ORDER BY 1",
                 (oid,),
             ),
@@ -123,6 +134,7 @@ def catalog(conn: Connection, owned: dict[str, Any]) -> dict[str, Any]:
                 (table["relname"],),
             ),
             "grants": _acl(conn, table["relacl"], table["relowner"]),
+            "rows": _rows(conn, table["relname"]) if table["relkind"] == "r" else [],
         }
     for function in fetch_all(
         conn,
@@ -131,60 +143,101 @@ def catalog(conn: Connection, owned: dict[str, Any]) -> dict[str, Any]:
         " p.proisstrict, p.proconfig, p.prosrc, p.proowner,"
         " coalesce(p.proacl, acldefault('f', p.proowner)) AS acl"
         " FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang"
-        " WHERE p.pronamespace = 'public'::regnamespace AND p.proname ~ %s",
-        (owned["functions"],),
+        " WHERE p.pronamespace = 'public'::regnamespace",
     ):
         acl, owner = function.pop("acl"), function.pop("proowner")
         function["grants"] = _acl(conn, acl, owner)
         described["functions"][function.pop("sig")] = function
-    for table, query in owned["rows"].items():
-        described["rows"][table] = fetch_all(conn, query)
+    schema = fetch_all(
+        conn,
+        "SELECT nspacl, nspowner FROM pg_namespace WHERE nspname = 'public'",
+    )[0]
+    described["schema_grants"] = _acl(conn, schema["nspacl"], schema["nspowner"])
     return described
 
 
+def _schema_file(package: str) -> str:
+    return resources.files(package).joinpath("schema.sql").read_text("utf-8")
+
+
 @pytest.fixture
-def built_from_file(server_url: str) -> Iterator[tuple[str, str]]:
-    """Per capability, a database made from its schema file alone."""
+def built_from_files(server_url: str) -> Iterator[Connection]:
+    """A database made from the schema files alone, in their order."""
     name = f"inventory_schema_{uuid.uuid4().hex[:12]}"
     with connect(server_url) as admin:
         create_database(admin, name)
     try:
-        yield name, url_with_database(server_url, name)
+        with connect(url_with_database(server_url, name)) as fresh:
+            for package in SCHEMA_FILES:
+                execute_script(fresh, _schema_file(package))
+            yield fresh
     finally:
         with connect(server_url) as admin:
             drop_database(admin, name)
 
 
-@pytest.mark.parametrize("package", sorted(CAPABILITIES))
-def test_the_schema_file_describes_what_the_migrations_build(
-    conn: Connection, built_from_file: tuple[str, str], package: str
-) -> None:
-    owned = CAPABILITIES[package]
-    text = resources.files(package).joinpath("schema.sql").read_text("utf-8")
-    _, url = built_from_file
-    with connect(url) as fresh:
-        execute_script(fresh, text)
-        from_file = catalog(fresh, owned)
-    migrated = catalog(conn, owned)
-    for kind in ("domains", "tables", "functions", "rows"):
-        assert sorted(from_file[kind]) == sorted(migrated[kind]), f"{kind} differ"
+def _assert_same(from_files: dict[str, Any], migrated: dict[str, Any]) -> None:
+    assert from_files["schema_grants"] == migrated["schema_grants"]
+    for kind in ("domains", "tables", "functions"):
+        assert sorted(from_files[kind]) == sorted(migrated[kind]), f"{kind} differ"
         for key, definition in migrated[kind].items():
-            assert from_file[kind][key] == definition, f"{kind} {key} differs"
-    assert migrated["tables"] and migrated["functions"]
+            assert from_files[kind][key] == definition, f"{kind} {key} differs"
 
 
-def test_an_object_left_out_of_the_schema_file_is_caught(
-    conn: Connection, built_from_file: tuple[str, str]
+def test_the_schema_files_describe_what_the_migrations_build(
+    conn: Connection, built_from_files: Connection
 ) -> None:
-    """The check can fail: a function a migration would add, absent from the file."""
-    owned = CAPABILITIES["inventory_pipeline.stats"]
-    text = resources.files("inventory_pipeline.stats").joinpath("schema.sql").read_text("utf-8")
-    _, url = built_from_file
-    with connect(url) as fresh:
-        execute_script(fresh, text)
-        from_file = catalog(fresh, owned)
-    execute_script(
-        conn, "CREATE FUNCTION stats_forgotten() RETURNS integer LANGUAGE sql AS 'SELECT 1'"
-    )
-    assert sorted(catalog(conn, owned)["functions"]) != sorted(from_file["functions"])
-    assert re.search(r"stats_forgotten", " ".join(catalog(conn, owned)["functions"]))
+    migrated = catalog(conn)
+    _assert_same(catalog(built_from_files), migrated)
+    assert migrated["tables"] and migrated["functions"] and migrated["domains"]
+    assert migrated["tables"]["provider_settings"]["rows"] == [("tmdb", None, False, None)]
+
+
+def test_each_object_is_defined_in_one_schema_file(conn: Connection) -> None:
+    """A reader finds every table, view, type and function in exactly one file: the one of
+    the capability that owns it."""
+    described = catalog(conn)
+    names = [*described["tables"], *described["domains"]] + [
+        signature.split("(")[0] for signature in described["functions"]
+    ]
+    texts = {package: _schema_file(package) for package in SCHEMA_FILES}
+    for name in names:
+        pattern = rf"^CREATE (TABLE|VIEW|TYPE|DOMAIN|FUNCTION) {name}\b"
+        defined_in = [p for p, text in texts.items() if re.search(pattern, text, re.M)]
+        assert len(defined_in) == 1, f"{name} is defined in {defined_in or 'no schema file'}"
+
+
+def test_an_object_left_out_of_the_schema_files_is_caught(
+    conn: Connection, built_from_files: Connection
+) -> None:
+    """The check can fail: a function, an index, a starting row a migration would add,
+    absent from the files."""
+    from_files = catalog(built_from_files)
+    _assert_same(from_files, catalog(conn))
+    for change, undo in (
+        (
+            "CREATE FUNCTION stats_forgotten() RETURNS integer LANGUAGE sql AS 'SELECT 1'",
+            "DROP FUNCTION stats_forgotten()",
+        ),
+        (
+            "CREATE INDEX libraries_forgotten ON libraries (name)",
+            "DROP INDEX libraries_forgotten",
+        ),
+        (
+            "INSERT INTO revalidation_budget (bucket) VALUES ('forgotten')",
+            "DELETE FROM revalidation_budget WHERE bucket = 'forgotten'",
+        ),
+        (
+            "ALTER TABLE credential_wakeups ALTER COLUMN probe_failures SET DEFAULT 1",
+            "ALTER TABLE credential_wakeups ALTER COLUMN probe_failures SET DEFAULT 0",
+        ),
+        (
+            "GRANT SELECT ON libraries TO inventory_app",
+            "REVOKE SELECT ON libraries FROM inventory_app",
+        ),
+    ):
+        execute_script(conn, change)
+        with pytest.raises(AssertionError):
+            _assert_same(from_files, catalog(conn))
+        execute_script(conn, undo)
+        _assert_same(from_files, catalog(conn))

@@ -1,4 +1,4 @@
-"""Smaller worker defects: a statement timeout in publish backs off, process_claim
+"""Smaller worker defects: a statement timeout in publish backs off, process
 inside a caller's transaction returns, the first retry waits one backoff, personal
 exercises of other users, the application role without a caller, a session without
 sets, and the exact Epley estimate."""
@@ -62,11 +62,11 @@ def test_statement_timeout_in_publish_backs_off(
     assert sf.versions(conn, user) == (1, 1)
 
 
-def test_process_claim_returns_inside_a_transaction(
+def test_process_returns_inside_a_transaction(
     conn: Connection, db_url: str, user: uuid.UUID
 ) -> None:
     """A large account inside a caller's transaction: the cursor cannot advance, so
-    process_claim returns batch_pending instead of calling compute forever."""
+    process returns batch_pending instead of calling compute forever."""
     sf.history(conn, user, sessions=60, exercises=120)
     claimed = claim(conn)
     results: list[ProcessResult | BaseException] = []
@@ -87,7 +87,7 @@ def test_process_claim_returns_inside_a_transaction(
         if looping:  # end the endless loop so the test can report it
             execute(conn, "SELECT pg_terminate_backend(%s)", (pid,))
             thread.join(timeout=30)
-    assert not looping, "process_claim kept calling compute inside one transaction"
+    assert not looping, "process kept calling compute inside one transaction"
     [result] = results
     assert isinstance(result, ProcessResult)
     assert (result.status, result.publication) == ("batch_pending", None)
