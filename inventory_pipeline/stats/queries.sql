@@ -5,10 +5,12 @@
 
 -- name: arm_stage
 -- Sent with every stage call, in the same transaction and round trip, before it: the
--- stage's statement budget from the settings row (armed when the call starts), the
--- lease token the call acts under ('' declares none; the fence checks it), and whether
--- its commit may return before its WAL is flushed.
+-- stage's statement budget from the settings row (armed when the call starts) and the
+-- instant it was armed (the budget's start, see stats_budget_spent), the lease token the
+-- call acts under ('' declares none; the fence checks it), and whether its commit may
+-- return before its WAL is flushed.
 SELECT stats_projection_statement_budget(%(stage)s) AS budget_ms,
+       set_config('inventory.stats_armed_at', clock_timestamp()::text, true) AS armed_at,
        set_config('inventory.stats_lease_token', %(lease_token)s, true) AS lease_token,
        CASE WHEN %(async_commit)s::boolean
             THEN set_config('synchronous_commit', 'off', true) END AS async_commit;

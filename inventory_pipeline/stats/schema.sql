@@ -1266,13 +1266,19 @@ END
 $function$;
 
 -- Did this stage call run out of its statement budget? A statement timeout and a
--- client's or operator's cancel share SQLSTATE 57014; the timeout fires exactly when the
--- call has run for its budget, so a cancel that came earlier was not it.
+-- client's or operator's cancel share SQLSTATE 57014; the timeout fires when the call
+-- has run for its budget, so a cancel that came earlier was not it. The time is measured
+-- from when arm_stage armed the budget (inventory.stats_armed_at), which is before the
+-- server starts the stage's statement timer (at its Bind message): statement_timestamp()
+-- is taken again at Execute, so a timeout that fired on time could read as an early
+-- cancel. A call made by hand, never armed, is measured from its statement's start.
 CREATE FUNCTION stats_budget_spent(p_stage text)
  RETURNS boolean
  LANGUAGE sql
 AS $function$
-    SELECT clock_timestamp() - statement_timestamp()
+    SELECT clock_timestamp()
+           - coalesce(nullif(current_setting('inventory.stats_armed_at', true), '')::timestamptz,
+                      statement_timestamp())
            >= make_interval(secs => CASE p_stage
                                         WHEN 'claim' THEN st.claim_budget_ms
                                         WHEN 'compute' THEN st.compute_budget_ms

@@ -238,3 +238,21 @@ def test_only_a_claim_or_compute_in_its_own_transaction_commits_without_a_flush(
         answer = service.process_user(conn, user, "caller")
         assert answer.outcome == "published"
         assert fetch_one(conn, SYNCHRONOUS_COMMIT) == {"setting": "on"}
+
+
+def test_a_statement_budget_runs_from_when_the_call_was_armed(conn: Connection) -> None:
+    """The server starts a stage's statement timer at its first protocol message, before
+    the statement's own start time; a budget measured from that start time read a
+    timeout that fired on time as a cancel that came early (and the stage re-raised it
+    instead of counting an attempt). Measured from the arming, which comes before the
+    timer starts, the whole budget is seen as spent."""
+    execute(conn, "UPDATE stats_projection_worker_settings SET compute_budget_ms = 300")
+    with transaction(conn):
+        armed = fetch_one(conn, repo.QUERIES["arm_stage"], repo.arm_params(conn, "compute", None))
+        assert armed is not None and armed["budget_ms"] == 300
+        for _ in range(2):  # each statement within the budget, together past it
+            execute(conn, "SELECT pg_sleep(0.2)")
+        spent = fetch_one(conn, "SELECT stats_budget_spent('compute') AS spent")
+    assert spent == {"spent": True}
+    # A call never armed is measured from its own statement's start.
+    assert fetch_one(conn, "SELECT stats_budget_spent('compute') AS spent") == {"spent": False}
