@@ -1,7 +1,10 @@
-"""CI: the wheel installs into a fresh venv and works from a folder outside the
-repository: `status` refuses an unmigrated database, `migrate` and `status` succeed
-(on the embedded default and on the PostgreSQL server given as argument), and a short
-`dev` serves its UI and stops cleanly on Ctrl-C, its embedded server with it.
+"""CI: the wheel carries the repository's files byte for byte (the migrations, the
+instance file, every SQL file of the package), installs into a fresh venv and works
+from a folder outside the repository: `status` refuses an unmigrated database, `migrate`
+and `status` succeed (on the embedded default and on the PostgreSQL server given as
+argument), and a short `dev` serves its UI and stops cleanly on Ctrl-C, its embedded
+server with it. The wheel is built once, here; the test suite checks only that the
+package reads its own copies (tests/acceptance/test_wheel.py).
 
 Usage: python .ci/wheel_smoke.py postgresql://postgres@127.0.0.1:5432/postgres
 """
@@ -17,6 +20,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,6 +44,35 @@ def check(args: list[str], cwd: Path, env: dict[str, str], code: int = 0) -> str
     return result.stdout + result.stderr
 
 
+def repository_files() -> dict[str, bytes]:
+    """What the wheel must carry, by its path inside the package: the migrations (the
+    package's `migrations` is a link to the repository's), the instance file, and every
+    SQL file of the package (queries and schema files)."""
+    package = REPO / "inventory_pipeline"
+    files = {"dagster.yaml": (REPO / "dagster.yaml").read_bytes()}
+    for path in sorted((REPO / "migrations").glob("*.sql")):
+        files[f"migrations/{path.name}"] = path.read_bytes()
+    for path in sorted(package.rglob("*.sql")):
+        relative = path.relative_to(package).as_posix()
+        if not relative.startswith("migrations/"):
+            files[relative] = path.read_bytes()
+    return files
+
+
+def check_shipped(wheel: Path) -> None:
+    from inventory_pipeline import __version__
+
+    if not wheel.name.startswith(f"inventory_pipeline-{__version__}-"):
+        sys.exit(f"the wheel {wheel.name} does not carry the package's version {__version__}")
+    expected = repository_files()
+    with zipfile.ZipFile(wheel) as archive:
+        inside = {name.removeprefix("inventory_pipeline/"): name for name in archive.namelist()}
+        shipped = {name: archive.read(inside[name]) for name in expected if name in inside}
+    if shipped != expected:
+        differ = sorted(n for n in expected if shipped.get(n) != expected[n])
+        sys.exit(f"the wheel lacks or alters {len(differ)} file(s): {', '.join(differ[:10])}")
+
+
 def main(server_url: str) -> None:
     started = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="inventory-wheel-"))
@@ -56,11 +89,14 @@ def main(server_url: str) -> None:
         pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp), "."]
         check(pip, source, dict(os.environ))
         (wheel,) = tmp.glob("inventory_pipeline-*.whl")
-        started = step(f"built {wheel.name}", started)
+        check_shipped(wheel)
+        started = step(f"built {wheel.name}, its files the repository's", started)
 
         venv = tmp / "venv"
         check([sys.executable, "-m", "venv", str(venv)], tmp, dict(os.environ))
-        check([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], tmp, dict(os.environ))
+        # No bytecode compiled at install: what runs compiles on import, as in any venv.
+        pip_install = [str(venv / "bin" / "pip"), "install", "-q", "--no-compile", str(wheel)]
+        check(pip_install, tmp, dict(os.environ))
         started = step("installed into a fresh venv", started)
 
         elsewhere = tmp / "elsewhere"
