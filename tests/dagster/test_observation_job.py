@@ -192,6 +192,7 @@ def test_warnings_are_logged_as_cases_commit_even_if_the_run_dies(
             admin.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                 " WHERE application_name = 'inventory_pipeline.observer'"
+                " AND datname = current_database()"  # not another session's test
             )
 
     killer = threading.Thread(target=end_sessions_during_the_slow_answer, daemon=True)
