@@ -19,6 +19,7 @@ import os
 import platform
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -113,9 +114,11 @@ def run(mode: Mode, names: list[str], markdown_file: Path | None) -> int:
             server = f"PostgreSQL {row['server_version'] if row else '?'}"
         for name in names:
             print(f"== {name} ==", flush=True)
+            started = time.monotonic()
             results[name] = BENCHES[name](admin_url, mode)
             for figure in results[name]:
                 print(figure.line(), flush=True)
+            print(f"({name}: {time.monotonic() - started:.0f} s)", flush=True)
     if markdown_file:
         markdown_file.write_text(markdown(results, server))
     return 0
