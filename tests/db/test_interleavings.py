@@ -215,6 +215,27 @@ def test_stats_completion_after_lease_loss_in_every_order(conn: Connection, orde
     assert sf.exercise_stats(conn, user)["squat"]["sessions"] == 1
 
 
+def test_a_stats_worker_past_its_lease_takes_no_step_though_nobody_took_over(
+    conn: Connection,
+) -> None:
+    """A lapsed lease is not revived by its worker's late stage: the compute and the
+    publication both answer lost, and the run is the next claim's."""
+    sf.exercise(conn, "squat")
+    user = uuid.uuid4()
+    sf.save(conn, user, date(2026, 3, 1), sf.sets(("squat", 100, 5)))
+    old = service.claim(conn, "stalled")
+    assert old is not None
+    sf.expire_run(conn, old.run_id, old.lease_token)
+    assert service.compute(conn, old).status == "lost"
+    assert service.publish(conn, old).status == "lost"
+    assert sf.versions(conn, user) == (1, 0)
+    new = service.claim(conn, "live")
+    assert new is not None and new.job_id == old.job_id
+    service.compute(conn, new)
+    assert service.publish(conn, new).status == "published"
+    assert sf.versions(conn, user) == (1, 1)
+
+
 def save_settings(conn: Connection, key: str, language: str | None = None) -> None:
     execute(
         conn,

@@ -199,6 +199,9 @@ def test_killed_worker_lease_expires_and_old_token_is_rejected(
     late_failure = service.complete(conn, dead, Failure("transient"), POLICY)
     assert late_failure.outcome == "lost"
     assert f.item(conn, item)["recovery_case_id"] is None
+    # Nor can it give back, as never sent, a claim that is no longer its own.
+    assert not repository.release_claim(conn, dead)
+    assert f.item(conn, item)["observation_lease_token"] == fresh.lease_token
     done = service.complete(conn, fresh, service.fetch(conn, fresh, client, settings), POLICY)
     assert done.outcome == "observed"
 

@@ -150,6 +150,27 @@ def test_lost_claim_acknowledges_nothing(conn: Connection) -> None:
     assert f.state(conn, lib)["acknowledged_revision"] == 1
 
 
+def test_a_lost_claims_failure_leaves_the_live_claim_alone(conn: Connection) -> None:
+    """A worker whose lease was taken over and whose generation then fails records
+    nothing: the request stays the live claim's, which still publishes."""
+    lib = f.library(conn)
+    f.items(conn, lib, 6)
+    service.plan(conn, POLICY)
+    [old] = service.claim(conn, POLICY).claims
+    execute(conn, "UPDATE profile_refresh_requests SET lease_expires_at = now() - interval '1s'")
+    assert service.plan(conn, POLICY).expired == 1
+    execute(conn, "UPDATE profile_refresh_requests SET available_at = now()")
+    [new] = service.claim(conn, POLICY).claims
+    assert new.request_id == old.request_id and new.lease_token != old.lease_token
+    late = service.process(conn, old, POLICY, broken)
+    assert late.outcome == "lost"
+    [request] = f.requests(conn, lib)
+    assert (request["status"], request["attempts"]) == ("running", 2)
+    assert request["last_error"] == "lease_expired"  # the expiry's, not the late failure's
+    assert service.process(conn, new, POLICY).outcome == "published"
+    assert f.state(conn, lib)["acknowledged_revision"] == 1
+
+
 def test_expired_but_unclaimed_lease_cannot_complete(conn: Connection) -> None:
     lib = f.library(conn)
     f.items(conn, lib, 6)

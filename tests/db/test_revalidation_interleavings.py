@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 
 from inventory_pipeline.db import Connection, connect, execute, fetch_all, fetch_one
+from inventory_pipeline.provider.models import Failure
 from inventory_pipeline.provider.standin import StandIn
 from inventory_pipeline.provider.tmdb import TmdbClient
 from inventory_pipeline.recovery import service as recovery
+from inventory_pipeline.recovery.models import Deferred
 from inventory_pipeline.revalidation import service
 from inventory_pipeline.revalidation.models import ProposalRefused
 from tests import factories as f
@@ -300,8 +302,10 @@ def test_a_revalidator_past_its_lease_loses_to_the_one_that_took_over(
         else:
             assert service.complete(other, live, live_checks, rc.POLICY).outcome == "proposed"
             assert service.complete(conn, stale, stale_checks, rc.POLICY).outcome == "lost"
-    # A stale fault or release changes nothing either.
+    # A stale completion, fault or release changes nothing either.
     assert service.complete(conn, stale, stale_checks, rc.POLICY).outcome == "lost"
+    assert service.complete(conn, stale, Failure("transient"), rc.POLICY).outcome == "lost"
+    assert service.complete(conn, stale, Deferred(1.0), rc.POLICY).outcome == "lost"
     [proposal] = rc.proposals(conn)
     record = rc.revalidation(conn, eligible)
     assert record is not None and record["lease_token"] is None and record["faults"] == 0
