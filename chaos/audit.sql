@@ -436,3 +436,37 @@ CREATE TABLE chaos_merges (
     corroborated boolean NOT NULL,
     merged_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+
+-- Every error a product path recorded in a row, with the SQLSTATE it stored beside it
+-- (NULL: not a database error): a path that turns a database error into a failed
+-- attempt or a failed stats run must not hide a deadlock, a constraint or SQL error, or
+-- a fence's refusal among its expected outcomes.
+CREATE TABLE chaos_recorded_errors (
+    seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
+    path text NOT NULL,
+    sqlstate text,
+    error text NOT NULL,
+    recorded_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    actor text NOT NULL DEFAULT current_setting('application_name')
+);
+CREATE FUNCTION chaos_recorded_error_audit() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    IF TG_TABLE_NAME = 'profile_refresh_requests' THEN
+        IF NEW.last_error IS NOT NULL AND (NEW.last_error, NEW.last_error_sqlstate, NEW.attempts,
+                NEW.status) IS DISTINCT FROM (OLD.last_error, OLD.last_error_sqlstate,
+                                              OLD.attempts, OLD.status) THEN
+            INSERT INTO chaos_recorded_errors (path, sqlstate, error)
+            VALUES ('profile refresh attempt', NEW.last_error_sqlstate, NEW.last_error);
+        END IF;
+    ELSIF NEW.error IS NOT NULL AND (NEW.error, NEW.error_sqlstate, NEW.attempts, NEW.phase)
+            IS DISTINCT FROM (OLD.error, OLD.error_sqlstate, OLD.attempts, OLD.phase) THEN
+        INSERT INTO chaos_recorded_errors (path, sqlstate, error)
+        VALUES ('stats run', NEW.error_sqlstate, NEW.error);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER chaos_recorded_error_audit AFTER UPDATE ON profile_refresh_requests
+    FOR EACH ROW EXECUTE FUNCTION chaos_recorded_error_audit();
+CREATE TRIGGER chaos_recorded_error_audit AFTER UPDATE ON user_stats_projection_runs
+    FOR EACH ROW EXECUTE FUNCTION chaos_recorded_error_audit();

@@ -91,6 +91,11 @@ TERMINATE_CHANCE = 0.02  # pg_terminate_backend of one worker's session
 CLAIM_KILL_CHANCE = 0.025
 CLAIM_KILL_LOOKS = 20
 PAUSE_SECONDS = LEASE_SECONDS + 1.5  # outlives the lease
+# Every enabled fault fires at least once a run, or the run fails "fault not exercised":
+# a kill, pause or termination not drawn by this fraction of the run's operations fires
+# then, and a claim-holder kill not drawn by then is tried on every operation after it
+# until one finds a stats worker holding a live claim.
+FAULTS_OWED_AT = 0.35
 # Database restarts, at these fractions of the run's operations (when the server can be
 # restarted: an embedded or private cluster, or a restart command given explicitly).
 RESTART_AT = (0.6,)
@@ -183,6 +188,17 @@ EXPECTED_SQLSTATE_CLASSES = ("08",)
 # Errors with no SQLSTATE that are expected: a connection the client itself found
 # refused or dropped, and no admission slot in time.
 EXPECTED_WITHOUT_SQLSTATE = frozenset({"DatabaseUnavailable", "AdmissionTimeout"})
+
+# The database errors each product path may record in a row as an attempt's failure,
+# by SQLSTATE. A profile attempt records none: every error the harness injects ends
+# the session (raised, the lease recovers the claim). A stats run records a compute or
+# publish statement budget spent (57014, the budget squeeze) and a rejection for a
+# canonical row deleted under it (23503). A guard's own refusal (the stats lease
+# fence's LEASE) is on no list: recorded or raised, it fails the run.
+EXPECTED_RECORDED_SQLSTATES: dict[str, frozenset[str]] = {
+    "profile refresh attempt": frozenset(),
+    "stats run": frozenset({"57014", "23503"}),
+}
 
 # -- bounds on progress (a livelock fails the run) ----------------------------------------
 # Quiescence after the chaos: measured 20-135 s (the longest after a truncate late in

@@ -298,7 +298,7 @@ GUARDS: tuple[Guard, ...] = (
         "       AND coalesce(current_setting('inventory.stats_lease_token', true), '')\n"
         "           <> OLD.lease_token::text\n",
         "       AND false\n",
-        "a live lease changes only in a transaction that declared its token (55P03)",
+        "a live lease changes only in a transaction that declared its token (LEASE)",
         ("tests/db/test_stats_worker.py::test_lease_fence_rejects_late_writes",),
     ),
     Guard(

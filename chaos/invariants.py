@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from chaos.config import RELEASE_JITTER_SECONDS, RETRY_POLICY
+from chaos.config import EXPECTED_RECORDED_SQLSTATES, RELEASE_JITTER_SECONDS, RETRY_POLICY
 from inventory_pipeline.db import Connection, fetch_all, fetch_one, jsonb
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.profiles.generator import generate_profile
@@ -422,6 +422,25 @@ def malformed_identities(conn: Connection) -> list[str]:
         )
     ]
     return out
+
+
+def recorded_errors(
+    conn: Connection, expected: dict[str, frozenset[str]] = EXPECTED_RECORDED_SQLSTATES
+) -> list[str]:
+    """Database errors a product path recorded in a row (a failed attempt, a failed or
+    rejected stats run) with a SQLSTATE that path does not expect: a swallowed
+    deadlock, constraint or SQL error, or a guard's refusal."""
+    rows = fetch_all(
+        conn,
+        "SELECT path, sqlstate, count(*) AS n, min(error) AS example FROM chaos_recorded_errors"
+        " WHERE sqlstate IS NOT NULL GROUP BY path, sqlstate ORDER BY path, sqlstate",
+    )
+    return [
+        f"{r['path']} recorded a database error it does not expect:"
+        f" SQLSTATE {r['sqlstate']} x{r['n']} ({r['example']})"
+        for r in rows
+        if r["sqlstate"] not in expected.get(r["path"], frozenset())
+    ]
 
 
 def nothing_stuck(conn: Connection) -> list[str]:

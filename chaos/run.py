@@ -37,6 +37,7 @@ from chaos.config import (
     EXPECTED_SQLSTATE_CLASSES,
     EXPECTED_SQLSTATES,
     EXPECTED_WITHOUT_SQLSTATE,
+    FAULTS_OWED_AT,
     KILL_CHANCE,
     LATE_AUTH_RELEASE_SECONDS,
     MAX_DIRTY_SECONDS,
@@ -684,6 +685,7 @@ def _checks(conn: Connection, report: Report, harness: Harness) -> list[str]:
     out += invariants.no_attempt_burned_unworked(conn)
     out += invariants.wakeups(conn, WAKEUP_RELEASE_LIMIT, WAKEUP_SPACING_SECONDS)
     out += invariants.nothing_stuck(conn)
+    out += invariants.recorded_errors(conn)
     out += invariants.malformed_identities(conn)
     out += invariants.item_records_have_items(conn)
     out += replacements.checks(conn)
@@ -696,6 +698,7 @@ def _checks(conn: Connection, report: Report, harness: Harness) -> list[str]:
             if what.endswith("FAILURE")
         ]
     out += bounds(report)
+    out += unexercised(report, harness.server.restartable)
     for secret, what in ((API_KEY, "the TMDb key"), (WRONG_KEY, "a rejected key")):
         out += [f"{what} found in table {table}" for table in tables_containing(conn, secret)]
         if any(secret in line for line in report.worker_errors):
@@ -720,6 +723,9 @@ def _chaos(
     squeeze, rebuild = int(total * SQUEEZE_AT), int(total * REBUILD_AT)
     empty_user = int(total * EMPTY_USER_AT)
     merge_batches = {int(total * at) for at in MERGE_AT}
+    owed_at = int(total * FAULTS_OWED_AT)
+    owed: set[str] = set()
+    owed_rng = random.Random(f"{harness.report.seed}-owed")
     started = time.monotonic()
     admin = connect(harness.url, application_name="chaos.harness")
     try:
@@ -747,24 +753,37 @@ def _chaos(
             roll = schedule.random()
             target = schedule.choice(harness.workers)
             claim_kill = schedule.random()
+            faults: list[tuple[str, Worker, bool]] = []  # kind, target, SIGKILL a holder
             if claim_kill < CLAIM_KILL_CHANCE:
-                try:
-                    if admin.closed:
-                        admin = connect(harness.url, application_name="chaos.harness")
-                    harness.kill_claim_holder(admin, sigkill=claim_kill < CLAIM_KILL_CHANCE / 2)
-                except DatabaseError:
-                    admin.close()
-            if roll < KILL_CHANCE:
-                harness.kill(target)
-            elif roll < KILL_CHANCE + PAUSE_CHANCE:
-                harness.pause(target)
-            elif roll < KILL_CHANCE + PAUSE_CHANCE + TERMINATE_CHANCE:
-                try:
-                    if admin.closed:
-                        admin = connect(harness.url, application_name="chaos.harness")
-                    harness.terminate(admin, target)
-                except DatabaseError:
-                    admin.close()  # the server restarting: the next one reconnects
+                faults.append(("claim-holder kill", target, claim_kill < CLAIM_KILL_CHANCE / 2))
+            kind = drawn(roll)
+            if kind is not None:
+                faults.append((kind, target, False))
+            # A fault not drawn by now is owed: tried on every operation until it fired
+            # once, at targets of its own stream (whether a try finds a session or a
+            # claim holder is up to the scheduler), so the drawn schedule stays a
+            # function of the seed.
+            if op == owed_at:
+                owed = {k for k in RANDOM_FAULTS if not exercised(harness.report)[k]}
+            faults += [
+                (k, owed_rng.choice(harness.workers), owed_rng.random() < 0.5) for k in sorted(owed)
+            ]
+            for kind, victim, sigkill in faults:
+                if kind == "kill":
+                    harness.kill(victim)
+                elif kind == "pause":
+                    harness.pause(victim)
+                else:
+                    try:
+                        if admin.closed:
+                            admin = connect(harness.url, application_name="chaos.harness")
+                        if kind == "termination":
+                            harness.terminate(admin, victim)
+                        else:
+                            harness.kill_claim_holder(admin, sigkill)
+                    except DatabaseError:
+                        admin.close()  # the server restarting: the next one reconnects
+            owed = {k for k in owed if not exercised(harness.report)[k]}
             if op in restarts:
                 harness.restart_server()
             harness.restart_exited()
@@ -777,6 +796,48 @@ def _chaos(
         admin.close()
     workload.end_storm()
     harness.resume_all()
+
+
+# The faults the schedule draws per operation, and the counters that say each fired.
+RANDOM_FAULTS = ("kill", "pause", "termination", "claim-holder kill")
+
+
+def drawn(roll: float) -> str | None:
+    """The process fault one roll of the schedule draws, if any."""
+    for kind, upto in (
+        ("kill", KILL_CHANCE),
+        ("pause", KILL_CHANCE + PAUSE_CHANCE),
+        ("termination", KILL_CHANCE + PAUSE_CHANCE + TERMINATE_CHANCE),
+    ):
+        if roll < upto:
+            return kind
+    return None
+
+
+def exercised(report: Report, restartable: bool = False) -> dict[str, int]:
+    """How often each enabled fault fired: the drawn ones, and (when `restartable`
+    says the server restart is enabled) the fixed points too."""
+    out = {
+        "kill": sum(report.kills.values()),
+        "pause": sum(report.pauses.values()),
+        "termination": sum(report.terminations.values()),
+        "claim-holder kill": sum(report.claim_kills.values()),
+        "throttle storm": len(report.storms),
+        "budget squeeze": report.squeezes,
+    }
+    if restartable:
+        out["server restart"] = report.restarts
+    return out
+
+
+def unexercised(report: Report, restartable: bool) -> list[str]:
+    """Every enabled fault must have fired: a run that injected none of a kind proves
+    nothing about it."""
+    return [
+        f"fault not exercised: {kind}"
+        for kind, count in exercised(report, restartable).items()
+        if not count
+    ]
 
 
 def _first_wakeups(url: str, timeout: float) -> None:

@@ -27,7 +27,6 @@ from chaos.config import (
 from inventory_pipeline.credentials import service as credentials
 from inventory_pipeline.credentials.models import ProbeNotSent
 from inventory_pipeline.db import Connection, DatabaseUnavailable, connect, execute
-from inventory_pipeline.db.connection import ERROR_CLASSES
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.profiles.generator import generate_profile
 from inventory_pipeline.provider.models import Failure, FetchResult, FindAnswer
@@ -44,11 +43,14 @@ PLANNER_TICK_SECONDS = 1.0
 Step = Callable[[Connection], bool]  # True when the step found work
 
 
-# The class names of every database error: an attempt's `error` naming one of them was
-# recorded from the database, not from the provider.
-DATABASE_ERRORS = frozenset(
-    {"DatabaseError", "DatabaseUnavailable", *(cls.__name__ for cls in ERROR_CLASSES.values())}
-)
+def swallowed(role: str, item_id: int, error: str) -> None:
+    """An exception the product recorded as an invalid_response (its handling of an
+    answer raised): a defect, never an outcome of the chaos, so this line fails the run."""
+    print(
+        f"{role}: UnhandledException: item {item_id}: invalid_response recorded from {error}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def declare(conn: Connection, token: UUID) -> None:
@@ -127,14 +129,8 @@ def observer(provider_url: str) -> Step:
         for claim in claims:
             declare(conn, claim.lease_token)
             result = recovery.observe_claim(conn, claim, client, settings, RETRY_POLICY)
-            if result.outcome == "failed" and result.error in DATABASE_ERRORS:
-                # A database error is never a provider outcome: this line fails the run.
-                print(
-                    f"observer: CaseFromDatabaseError: item {result.item_id}:"
-                    f" {result.category} recorded from {result.error}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            if result.outcome == "failed" and result.error is not None:
+                swallowed("observer", result.item_id, result.error)
         return bool(claims)
 
     return step
@@ -155,7 +151,9 @@ def revalidator(provider_url: str) -> Step:
         settings = recovery.provider_settings(conn)
         for claim in claims:
             declare(conn, claim.lease_token)
-            revalidation.revalidate_claim(conn, claim, client, settings, RETRY_POLICY)
+            result = revalidation.revalidate_claim(conn, claim, client, settings, RETRY_POLICY)
+            if result.outcome == "fault" and result.error is not None:
+                swallowed("revalidator", result.item_id, result.error)
         return walked > 0
 
     return step

@@ -722,11 +722,8 @@ class Workload:
             session_id = known.pop(self.rng.randrange(len(known)))
             execute(self.conn, "SELECT delete_training_session(%s, %s)", (user, session_id))
             return
-        if known and not everything and self.rng.random() < 0.7:
-            session_id = self.rng.choice(known)
-        else:
-            session_id = uuid.UUID(int=self.rng.getrandbits(128))
-            known.append(session_id)
+        new = not (known and not everything and self.rng.random() < 0.7)
+        session_id = uuid.UUID(int=self.rng.getrandbits(128)) if new else self.rng.choice(known)
         payload = {
             "id": str(session_id),
             "user_id": str(user),
@@ -734,6 +731,8 @@ class Workload:
             "sets": [self._set(lift) for lift in lifts],
         }
         execute(self.conn, "SELECT save_training_session(%s, %s)", (user, jsonb(payload)))
+        if new:  # known once saved: a refused save (a lock timeout, a restart) made none
+            known.append(session_id)
 
     # -- the application beside the worker ----------------------------------------------
 

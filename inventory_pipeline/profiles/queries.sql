@@ -18,7 +18,8 @@ SET status = CASE WHEN r.attempts >= r.max_attempts THEN 'failed' ELSE 'pending'
     available_at = now() + make_interval(secs => %(retry_seconds)s * 2 ^ (r.attempts - 1)),
     lease_token = NULL,
     lease_expires_at = NULL,
-    last_error = 'lease_expired'
+    last_error = 'lease_expired',
+    last_error_sqlstate = NULL
 FROM (
     SELECT id FROM profile_refresh_requests
     WHERE status = 'running' AND lease_expires_at <= now()
@@ -265,7 +266,8 @@ done AS (
         finished_at = now(),
         lease_token = NULL,
         lease_expires_at = NULL,
-        last_error = NULL
+        last_error = NULL,
+        last_error_sqlstate = NULL
     WHERE r.id = %(request_id)s
       AND r.library_id = (SELECT library_id FROM state)
       AND r.status = 'running'
@@ -322,7 +324,8 @@ SET status = CASE WHEN %(terminal)s OR r.attempts >= r.max_attempts
     available_at = now() + make_interval(secs => %(retry_seconds)s * 2 ^ (r.attempts - 1)),
     lease_token = NULL,
     lease_expires_at = NULL,
-    last_error = %(error)s
+    last_error = %(error)s,
+    last_error_sqlstate = %(sqlstate)s
 WHERE r.id = %(request_id)s AND r.status = 'running' AND r.lease_token = %(lease_token)s
 RETURNING r.status, r.attempts;
 

@@ -232,7 +232,12 @@ def complete_claim(
 
 
 def fail_claim(
-    conn: Connection, claim: Claim, policy: RefreshPolicy, error: str, terminal: bool = False
+    conn: Connection,
+    claim: Claim,
+    policy: RefreshPolicy,
+    error: str,
+    sqlstate: str | None,
+    terminal: bool = False,
 ) -> Row | None:
     return fetch_one(
         conn,
@@ -242,6 +247,7 @@ def fail_claim(
             "lease_token": claim.lease_token,
             "retry_seconds": policy.retry_seconds,
             "error": error,
+            "sqlstate": sqlstate,
             "terminal": terminal,
         },
     )

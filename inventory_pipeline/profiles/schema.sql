@@ -101,7 +101,8 @@ CREATE TABLE library_profiles (
 
 -- The refresh outbox. At most one active (pending or running) request per library;
 -- a running request carries a lease; terminal requests keep their finish time so the
--- circuit probe interval survives restarts.
+-- circuit probe interval survives restarts. last_error_sqlstate is the SQLSTATE of the
+-- database error last_error describes (NULL when no database error caused it).
 CREATE TABLE profile_refresh_requests (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
     library_id bigint NOT NULL,
@@ -122,6 +123,7 @@ CREATE TABLE profile_refresh_requests (
     finished_at timestamp with time zone,
     last_error text,
     inventory_revision bigint,
+    last_error_sqlstate text,
     CONSTRAINT profile_refresh_requests_pkey PRIMARY KEY (id),
     CONSTRAINT profile_refresh_requests_library_id_fkey FOREIGN KEY (library_id) REFERENCES libraries(id) ON DELETE CASCADE,
     CONSTRAINT profile_refresh_requests_attempts_check CHECK ((attempts >= 0)),
@@ -131,6 +133,7 @@ CASE
     WHEN (kind = 'inventory_change'::text) THEN ((inventory_revision > 0) AND (classification_id IS NULL) AND (candidate_id IS NULL) AND (learning_id IS NULL) AND (source = 'inventory_revision'::text) AND (reason = ANY (ARRAY['inventory_changed'::text, 'analyst_backfill'::text])))
     ELSE (inventory_revision IS NULL)
 END),
+    CONSTRAINT profile_refresh_requests_last_error_sqlstate CHECK (((last_error_sqlstate IS NULL) OR ((last_error IS NOT NULL) AND (last_error_sqlstate ~ '^[0-9A-Z]{5}$'::text)))),
     CONSTRAINT profile_refresh_requests_kind CHECK ((kind = ANY (ARRAY['learning'::text, 'native'::text, 'inventory_change'::text]))),
     CONSTRAINT profile_refresh_requests_learning_ids CHECK (((kind <> 'learning'::text) OR ((learning_id IS NOT NULL) AND (classification_id IS NOT NULL)))),
     CONSTRAINT profile_refresh_requests_lease CHECK (((status = 'running'::text) = ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),

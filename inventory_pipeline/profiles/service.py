@@ -113,12 +113,16 @@ def _fail(
     conn: Connection,
     claim: Claim,
     policy: RefreshPolicy,
-    error: str,
+    error: str | BaseException,
     snapshot_revision: int = 0,
     terminal: bool = False,
 ) -> Completion:
-    """Record a failed attempt; a claim that is gone (lease lost, library deleted) is lost."""
-    row = repository.fail_claim(conn, claim, policy, error, terminal)
+    """Record a failed attempt; a claim that is gone (lease lost, library deleted) is lost.
+    An exception is recorded by class and first line, with its SQLSTATE when the
+    database raised it, so a reader tells an expected refusal from a defect."""
+    sqlstate = error.sqlstate if isinstance(error, DatabaseError) else None
+    message = error if isinstance(error, str) else _describe(error)
+    row = repository.fail_claim(conn, claim, policy, message, sqlstate, terminal)
     return Completion(
         request_id=claim.request_id,
         library_id=claim.library_id,
@@ -130,7 +134,7 @@ def _fail(
         revision=None,
         item_count=0,
         profile=None,
-        error=error,
+        error=message,
     )
 
 
@@ -154,7 +158,7 @@ def process(
     except DatabaseUnavailable:
         raise  # nothing can be recorded; the lease expires and the request is retried
     except DatabaseError as exc:
-        return _fail(conn, claim, policy, _describe(exc))
+        return _fail(conn, claim, policy, exc)
     if (claim.inventory_revision or 0) > library.revision:
         return _fail(
             conn,
@@ -168,14 +172,14 @@ def process(
     try:
         profile = generate(library.columns, library.rows) if library.rows else None
     except Exception as exc:
-        return _fail(conn, claim, policy, _describe(exc), library.revision)
+        return _fail(conn, claim, policy, exc, library.revision)
     item_count = len(library.rows)
     try:
         row = repository.complete_claim(conn, claim, library.revision, item_count, profile)
     except DatabaseUnavailable:
         raise
     except DatabaseError as exc:
-        return _fail(conn, claim, policy, _describe(exc), library.revision)
+        return _fail(conn, claim, policy, exc, library.revision)
     if row is None:
         outcome: Literal["published", "removed", "lost"] = "lost"
     else:

@@ -16,8 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from inventory_pipeline.db import (
+    TRANSIENT,
     Connection,
-    DatabaseUnavailable,
+    DatabaseError,
     LockNotAvailable,
     connect,
     transaction,
@@ -157,13 +158,23 @@ def revalidate_claim(
     settings: ProviderSettings,
     policy: RetryPolicy,
 ) -> RevalidationResult:
-    """One check, start to finish. Any exception but a lost database session is a
-    defect in handling this case's answers: it is recorded as an invalid_response fault
-    (its class name kept), so one case never fails a run nor comes back at once. A lost
-    session leaves the claim to its lease."""
+    """One check, start to finish. A database error is never a provider outcome: a
+    transient one (deadlock, serialization, lock or statement timeout) gives the claim
+    back unrecorded (`error`, no fault counted), a lost session leaves the claim to its
+    lease, and any other one is raised. Any other exception is a defect in handling this
+    case's answers: it is recorded as an invalid_response fault (its class name kept),
+    so one case never fails a run nor comes back at once."""
     try:
         return complete(conn, claim, lookup(conn, claim, client, settings), policy)
-    except DatabaseUnavailable:
+    except TRANSIENT as exc:
+        try:
+            repository.release_revalidation(conn, claim)
+        except TRANSIENT:
+            pass  # its lease ends it
+        return RevalidationResult(
+            claim.case_id, claim.item_id, "error", claim.old_tmdb_id, error=type(exc).__name__
+        )
+    except DatabaseError:
         raise
     except Exception as exc:
         recorded = complete(conn, claim, Failure("invalid_response", cause="unhandled"), policy)
@@ -267,7 +278,7 @@ def notice(result: RevalidationResult) -> tuple[recovery.Level, str] | None:
     if result.outcome == "error":
         return (
             "warning",
-            f"{item}: revalidation not recorded ({result.error}); retried when its lease expires",
+            f"{item}: revalidation not recorded ({result.error}); the case goes back as it was",
         )
     return None
 

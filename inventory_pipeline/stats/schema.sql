@@ -149,6 +149,9 @@ CREATE TABLE stats_projection_worker_settings (
     CONSTRAINT stats_settings_lease_covers_work CHECK (((lease_seconds * 1000) >= (compute_budget_ms + publish_budget_ms)))
 );
 
+-- One attempt chain of a job under a lease. `error` says why its last attempt failed or
+-- why it was rejected; error_sqlstate is the SQLSTATE of the database error that
+-- caused it (NULL when none did).
 CREATE TABLE user_stats_projection_runs (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
     job_id bigint NOT NULL,
@@ -169,7 +172,9 @@ CREATE TABLE user_stats_projection_runs (
     error text,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     finished_at timestamp with time zone,
+    error_sqlstate text,
     CONSTRAINT user_stats_projection_runs_pkey PRIMARY KEY (id),
+    CONSTRAINT user_stats_projection_runs_error_sqlstate CHECK (((error_sqlstate IS NULL) OR ((error IS NOT NULL) AND (error_sqlstate ~ '^[0-9A-Z]{5}$'::text)))),
     CONSTRAINT user_stats_projection_runs_job_id_fkey FOREIGN KEY (job_id) REFERENCES user_exercise_stats_refresh_jobs(id) ON DELETE CASCADE
 );
 CREATE INDEX stats_runs_job ON user_stats_projection_runs USING btree (job_id);
@@ -386,8 +391,9 @@ BEGIN
 END
 $function$;
 
--- The lease fence (55P03): a live lease's phase, payload, token or lease time
--- change only in a transaction that declared the current token. Expired leases and
+-- The lease fence (SQLSTATE LEASE, its own code: a lock timeout's 55P03 is an error
+-- callers retry, a fence refusal is a defect): a live lease's phase, payload, token or
+-- lease time change only in a transaction that declared the current token. Expired leases and
 -- finished runs are free: the claim's expiry recovery owns that path.
 CREATE FUNCTION stats_projection_run_lease_fence()
  RETURNS trigger
@@ -402,7 +408,7 @@ BEGIN
            <> OLD.lease_token::text
     THEN
         RAISE EXCEPTION 'stats projection run % is leased to another worker', OLD.id
-            USING ERRCODE = '55P03';
+            USING ERRCODE = 'LEASE';
     END IF;
     RETURN NEW;
 END
@@ -1058,7 +1064,8 @@ BEGIN
                     'base', run.base_applied_version, 'output_revision', 0, 'retry_count', 0,
                     'sessions', v_sessions, 'xid', run.xid);
                 UPDATE user_stats_projection_runs r
-                SET payload = jsonb_build_object('_batch', v_cursor), error = NULL,
+                SET payload = jsonb_build_object('_batch', v_cursor),
+                    error = NULL, error_sqlstate = NULL,
                     compute_ms = r.compute_ms
                         + extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000
                 WHERE r.id = p_run_id;
@@ -1123,7 +1130,8 @@ BEGIN
                 'output_revision', (v_cursor ->> 'output_revision')::integer + 1,
                 'xid', run.xid);
             UPDATE user_stats_projection_runs r
-            SET payload = jsonb_build_object('_batch', v_cursor), error = NULL,
+            SET payload = jsonb_build_object('_batch', v_cursor),
+                error = NULL, error_sqlstate = NULL,
                 compute_ms = r.compute_ms
                     + extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000
             WHERE r.id = p_run_id;
@@ -1169,7 +1177,8 @@ BEGIN
                                    THEN 'statement budget spent (57014)'
                                    ELSE format('compute failed (%s): %s', SQLSTATE,
                                                split_part(SQLERRM, E'\n', 1)) END;
-            compute_retry_not_before := stats_fail_attempt(p_run_id, compute_reason, v_kept);
+            compute_retry_not_before := stats_fail_attempt(p_run_id, compute_reason, v_kept,
+                                                           SQLSTATE);
             compute_status := CASE WHEN compute_retry_not_before IS NULL THEN 'failed'
                                    ELSE 'retry_pending' END;
             compute_stage := NULL;
@@ -1178,7 +1187,7 @@ BEGIN
             RETURN;
     END;
     UPDATE user_stats_projection_runs r
-    SET phase = 'computed', error = NULL,
+    SET phase = 'computed', error = NULL, error_sqlstate = NULL,
         payload = jsonb_build_object('manifest', jsonb_build_object(
             'exercises', to_jsonb(v_candidates),
             'mode', CASE WHEN v_cursor IS NULL THEN 'single' ELSE 'batched' END,
@@ -1289,9 +1298,10 @@ $function$;
 
 -- A failed attempt of a run: attempt n waits n x retry_backoff_seconds with `p_payload`
 -- kept (its cursor, or its computed output); past max_attempts the run and its job fail,
--- the run's private output goes, and the job's range is owed (trigger). Returns the
--- retry time (NULL: failed for good).
-CREATE FUNCTION stats_fail_attempt(p_run_id bigint, p_error text, p_payload jsonb)
+-- the run's private output goes, and the job's range is owed (trigger). `p_sqlstate`
+-- is the database error's code when one caused the failure. Returns the retry time
+-- (NULL: failed for good).
+CREATE FUNCTION stats_fail_attempt(p_run_id bigint, p_error text, p_payload jsonb, p_sqlstate text DEFAULT NULL::text)
  RETURNS timestamp with time zone
  LANGUAGE plpgsql
 AS $function$
@@ -1310,7 +1320,8 @@ BEGIN
         DELETE FROM stats_output_exercise o WHERE o.run_id = p_run_id;
         DELETE FROM stats_output_period o WHERE o.run_id = p_run_id;
         UPDATE user_stats_projection_runs r
-        SET phase = 'failed', payload = p_payload, error = p_error, finished_at = now()
+        SET phase = 'failed', payload = p_payload, error = p_error,
+            error_sqlstate = p_sqlstate, finished_at = now()
         WHERE r.id = p_run_id;
         UPDATE user_exercise_stats_refresh_jobs j
         SET status = 'failed', error_message = p_error, updated_at = now(),
@@ -1321,7 +1332,7 @@ BEGIN
     v_retry := now() + make_interval(secs => run.attempts * run.retry_backoff_seconds);
     UPDATE user_stats_projection_runs r
     SET attempts = r.attempts + 1, retry_not_before = v_retry, payload = p_payload,
-        error = p_error
+        error = p_error, error_sqlstate = p_sqlstate
     WHERE r.id = p_run_id;
     RETURN v_retry;
 END
@@ -1330,7 +1341,7 @@ $function$;
 -- A payload that will not be published: the run ends with its private output, and its
 -- job's range moves into the user's successor job with a generation newer than the
 -- applied one (merge-enqueue), so generations never go back.
-CREATE FUNCTION stats_reject_run(p_run_id bigint, p_reason text)
+CREATE FUNCTION stats_reject_run(p_run_id bigint, p_reason text, p_sqlstate text DEFAULT NULL::text)
  RETURNS bigint
  LANGUAGE plpgsql
 AS $function$
@@ -1341,7 +1352,7 @@ BEGIN
     DELETE FROM stats_output_exercise o WHERE o.run_id = p_run_id;
     DELETE FROM stats_output_period o WHERE o.run_id = p_run_id;
     UPDATE user_stats_projection_runs r
-    SET phase = 'rejected', error = p_reason, finished_at = now()
+    SET phase = 'rejected', error = p_reason, error_sqlstate = p_sqlstate, finished_at = now()
     WHERE r.id = p_run_id
     RETURNING r.job_id INTO v_job;
     SELECT enqueue_user_exercise_stats_refresh_job(
@@ -1452,7 +1463,8 @@ BEGIN
         DELETE FROM stats_output_exercise o WHERE o.run_id = v_run.id;
         DELETE FROM stats_output_period o WHERE o.run_id = v_run.id;
         UPDATE user_stats_projection_runs r
-        SET phase = 'failed', error = 'lease expired', finished_at = now()
+        SET phase = 'failed', error = 'lease expired', error_sqlstate = NULL,
+            finished_at = now()
         WHERE r.id = v_run.id;
         UPDATE user_exercise_stats_refresh_jobs j
         SET locked_at = now(), lock_owner = p_lock_owner, attempts = j.attempts + 1,
@@ -1728,7 +1740,7 @@ BEGIN
     EXCEPTION
         WHEN foreign_key_violation THEN
             publish_reason := 'a referenced canonical row was deleted (23503)';
-            PERFORM stats_reject_run(p_run_id, publish_reason);
+            PERFORM stats_reject_run(p_run_id, publish_reason, SQLSTATE);
             publish_status := 'rejected';
             publish_applied_version := v_state.applied_version;
             RETURN NEXT;
@@ -1743,7 +1755,7 @@ BEGIN
                                    ELSE format('publish failed (%s): %s', SQLSTATE,
                                                split_part(SQLERRM, E'\n', 1)) END;
             publish_retry_not_before := stats_fail_attempt(p_run_id, publish_reason,
-                                                           run.payload);
+                                                           run.payload, SQLSTATE);
             publish_status := CASE WHEN publish_retry_not_before IS NULL THEN 'failed'
                                    ELSE 'retry_pending' END;
             publish_applied_version := v_state.applied_version;
@@ -2010,8 +2022,8 @@ REVOKE ALL ON FUNCTION
     stats_user_lock(p_user_id uuid),
     stats_renew_lease(p_run_id bigint, p_lease_seconds integer),
     stats_budget_spent(p_stage text),
-    stats_fail_attempt(p_run_id bigint, p_error text, p_payload jsonb),
-    stats_reject_run(p_run_id bigint, p_reason text),
+    stats_fail_attempt(p_run_id bigint, p_error text, p_payload jsonb, p_sqlstate text),
+    stats_reject_run(p_run_id bigint, p_reason text, p_sqlstate text),
     stats_claim_stage(p_lock_owner text, p_user_id uuid),
     stats_publish_stage(p_run_id bigint, p_lease_token uuid),
     stats_checked_date(p_field text, p_value text),

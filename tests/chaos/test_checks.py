@@ -17,15 +17,17 @@ import pytest
 
 from chaos import invariants, oracle
 from chaos.config import (
+    KILL_CHANCE,
     MAX_DIRTY_SECONDS,
     MAX_RECLAIM_SHARE,
     MAX_STORM_REQUESTS,
     MAX_TERMINAL_FAILURES,
     MAX_UNPLANNED_EXITS,
     MAX_WORKER_ERRORS_PER_MINUTE,
+    PAUSE_CHANCE,
     WAKEUP_RELEASE_LIMIT,
 )
-from chaos.run import Report, bounds, judge_errors
+from chaos.run import Report, bounds, drawn, judge_errors, unexercised
 from chaos.worker import declare, error_line
 from inventory_pipeline.credentials import service as credentials
 from inventory_pipeline.db import Connection, DatabaseError, connect, execute, fetch_one
@@ -81,6 +83,8 @@ def test_worker_errors_are_judged_by_sqlstate(db_url: str) -> None:
             "stats: DatabaseError [42883]: function f() does not exist",
             "observer: ValueError: invalid literal for int() with base 10: '²'",
             "planner: DatabaseError: a message without a code",
+            "stats: DatabaseError [LEASE]: stats projection run 7 is leased to another worker",
+            "observer: UnhandledException: item 3: invalid_response recorded from KeyError",
             "Traceback (most recent call last):",
         ]
     )
@@ -91,7 +95,83 @@ def test_worker_errors_are_judged_by_sqlstate(db_url: str) -> None:
         "worker error: stats: DatabaseError [42883]: function f() does not exist",
         "worker error: observer: ValueError: invalid literal for int() with base 10: '²'",
         "worker error: planner: DatabaseError: a message without a code",
+        "worker error: stats: DatabaseError [LEASE]: stats projection run 7 is leased to another"
+        " worker",
+        "worker error: observer: UnhandledException: item 3: invalid_response recorded from"
+        " KeyError",
         "worker error: Traceback (most recent call last):",
+    ]
+
+
+def unstorable(columns: Any, rows: Any) -> dict[str, Any]:
+    return {"mean": float("nan")}  # no JSON value: the database refuses it (22P02)
+
+
+def broken(columns: Any, rows: Any) -> dict[str, Any]:
+    raise ValueError("generation blew up")
+
+
+def test_a_database_error_a_path_does_not_expect_is_seen_where_it_was_recorded(
+    conn: Connection, db_url: str
+) -> None:
+    """A failed attempt that swallowed a database error is a divergence by its stored
+    SQLSTATE; a generator's exception (no SQLSTATE) and a stats budget spent (57014,
+    expected) are not."""
+    _audited(conn)
+    lib = f.library(conn)
+    f.items(conn, lib, 3)
+    profiles.plan(conn, POLICY)
+    for generate in (broken, unstorable):
+        execute(conn, "UPDATE profile_refresh_requests SET available_at = now()")
+        [claim] = profiles.claim(conn, POLICY).claims
+        assert profiles.process(conn, claim, POLICY, generate).outcome == "failed"
+    user = uuid.uuid4()
+    sf.exercise(conn, "squat")
+    sf.save(conn, user, date(2026, 3, 2), sf.sets(("squat", 100, 5)))
+    claimed = stats_service.claim(conn, "test")
+    assert claimed is not None
+    execute(conn, "UPDATE stats_projection_worker_settings SET compute_budget_ms = 300")
+    with connect(db_url) as blocker, blocker.transaction():
+        execute(blocker, "LOCK TABLE stats_output_exercise IN EXCLUSIVE MODE")
+        assert stats_service.compute(conn, claimed).status == "retry_pending"
+    assert invariants.recorded_errors(conn) == [
+        "profile refresh attempt recorded a database error it does not expect: SQLSTATE 22P02"
+        " x1 (DatabaseError: invalid input syntax for type json)"
+    ]
+    assert invariants.recorded_errors(conn, {"profile refresh attempt": frozenset({"22P02"})}) == [
+        "stats run recorded a database error it does not expect: SQLSTATE 57014 x1"
+        " (statement budget spent (57014))"
+    ]
+
+
+# -- faults exercised --------------------------------------------------------------------
+
+
+def test_a_run_that_injected_no_fault_of_a_kind_fails() -> None:
+    """Each enabled fault must fire at least once; the restart only where the server
+    can be restarted."""
+    report = Report(seed=1, seconds=10)
+    report.kills["refresher"] = 2
+    report.terminations["stats"] = 1
+    report.claim_kills["SIGKILL in a transaction"] = 1
+    report.squeezes = 1
+    assert unexercised(report, restartable=True) == [
+        "fault not exercised: pause",
+        "fault not exercised: throttle storm",
+        "fault not exercised: server restart",
+    ]
+    report.pauses["observer"] = 1
+    report.storms = [3]
+    assert unexercised(report, restartable=False) == []
+    assert unexercised(report, restartable=True) == ["fault not exercised: server restart"]
+
+
+def test_each_drawn_fault_has_its_share_of_a_roll() -> None:
+    assert [drawn(x) for x in (0.0, KILL_CHANCE, KILL_CHANCE + PAUSE_CHANCE, 0.99)] == [
+        "kill",
+        "pause",
+        "termination",
+        None,
     ]
 
 

@@ -212,6 +212,41 @@ def test_large_accounts_compute_in_batches_and_edits_find_their_runs(
     assert sf.versions(conn, second)[0] == before + 5
 
 
+def test_a_save_the_server_refused_is_not_known_to_the_workload(
+    conn: Connection, db_url: str, standin: StandIn
+) -> None:
+    """A save refused by a restart made no session: the workload must not delete it
+    later and read the answer "no such session" as the product's divergence."""
+    workload = Workload(
+        connect(db_url), standin, random.Random(5), date(2026, 11, 30), partial(connect, db_url)
+    )
+    workload.setup_training(users=1, large_users=1)
+    [user] = workload.large_users
+    execute(
+        conn,
+        "CREATE FUNCTION refuse_saves() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " RAISE EXCEPTION 'the database system is shutting down' USING ERRCODE = '57P01';"
+        " END $$",
+    )
+    execute(
+        conn,
+        "CREATE TRIGGER refuse_saves BEFORE INSERT ON training_sessions"
+        " FOR EACH ROW EXECUTE FUNCTION refuse_saves()",
+    )
+    for _ in range(20):
+        workload.apply("save_large", workload.save_large)
+        workload.apply("save_session", lambda: workload.save_session(user))
+    execute(conn, "DROP TRIGGER refuse_saves ON training_sessions")
+    stored = {
+        r["id"]
+        for r in fetch_all(conn, "SELECT id FROM training_sessions WHERE user_id = %s", (user,))
+    }
+    assert set(workload.sessions[user]) <= stored
+    workload.apply("delete_all", lambda: workload.delete_all_sessions(user))
+    workload.conn.close()
+    assert workload.refused["save_large"] > 0 and not workload.unexpected
+
+
 def _draws_one_ms(seed: int) -> bool:
     rng = random.Random(seed)
     rng.choice(SQUEEZED_ATTEMPTS)

@@ -282,6 +282,40 @@ def test_three_attempts_then_two_hour_circuit_probe(conn: Connection) -> None:
     assert [r["status"] for r in f.requests(conn, lib)] == ["failed", "succeeded"]
 
 
+def unstorable(columns: Any, rows: Any) -> dict[str, Any]:
+    return {"mean": float("nan")}  # NaN is no JSON value: the database refuses it (22P02)
+
+
+def test_a_failed_attempt_keeps_the_sqlstate_of_the_database_error_behind_it(
+    conn: Connection,
+) -> None:
+    """A reader tells a database refusal from a generator's exception by the stored
+    code, not by parsing the message; a later attempt's error replaces both."""
+    lib = f.library(conn)
+    f.items(conn, lib, 3)
+    service.plan(conn, POLICY)
+    [claim] = service.claim(conn, POLICY).claims
+    assert service.process(conn, claim, POLICY, unstorable).outcome == "failed"
+    [req] = f.requests(conn, lib)
+    assert req["last_error_sqlstate"] == "22P02", req["last_error"]
+    execute(conn, "UPDATE profile_refresh_requests SET available_at = now()")
+    [claim] = service.claim(conn, POLICY).claims
+    assert service.process(conn, claim, POLICY, broken).outcome == "failed"
+    [req] = f.requests(conn, lib)
+    assert (req["last_error"], req["last_error_sqlstate"]) == (
+        "ValueError: generation blew up",
+        None,
+    )
+    execute(conn, "UPDATE profile_refresh_requests SET available_at = now()")
+    refresh_all(conn)
+    [req] = f.requests(conn, lib)
+    assert (req["status"], req["last_error"], req["last_error_sqlstate"]) == (
+        "succeeded",
+        None,
+        None,
+    )
+
+
 def test_probe_after_terminal_failure_without_new_inventory(conn: Connection) -> None:
     lib = f.library(conn)
     f.items(conn, lib, 6)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from inventory_pipeline.db import Connection, connect, execute, fetch_all, fetch_one
+from inventory_pipeline.db import Connection, DatabaseError, connect, execute, fetch_all, fetch_one
 from inventory_pipeline.provider.models import Failure
 from inventory_pipeline.provider.standin import StandIn
 from inventory_pipeline.provider.tmdb import TmdbClient
@@ -328,3 +328,54 @@ def test_a_new_case_mid_revalidation_loses_the_old_cases_check(
     assert rc.case(conn, eligible)["recovery_case_id"] != claim.case_id
     assert service.complete(conn, claim, checks, rc.POLICY).outcome == "lost"
     assert rc.proposals(conn) == []
+
+
+# -- a database error is never a provider outcome ----------------------------------------
+
+
+def fail_next_revalidation_write(conn: Connection, sqlstate: str) -> None:
+    """The next write of a revalidation record raises `sqlstate`, once (a sequence, not
+    a table: the raise rolls its own transaction back)."""
+    execute(conn, "CREATE SEQUENCE injected_failures")
+    execute(
+        conn,
+        "CREATE FUNCTION fail_once() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN IF nextval('injected_failures') = 1 THEN"
+        " RAISE EXCEPTION 'injected' USING ERRCODE = TG_ARGV[0]; END IF; RETURN NEW; END $$",
+    )
+    execute(
+        conn,
+        "CREATE TRIGGER fail_once BEFORE UPDATE ON identity_revalidations"
+        f" FOR EACH ROW EXECUTE FUNCTION fail_once('{sqlstate}')",
+    )
+
+
+def test_a_transient_database_error_gives_the_case_back_without_a_fault(
+    conn: Connection, eligible: int, client: TmdbClient
+) -> None:
+    """A deadlock at the completion is no invalid_response: the claim goes back, due as
+    it was, with no fault counted."""
+    [claim], _ = service.claim(conn, 1, rc.PER_HOUR)
+    fail_next_revalidation_write(conn, "40P01")
+    settings = recovery.provider_settings(conn)
+    result = service.revalidate_claim(conn, claim, client, settings, rc.POLICY)
+    assert (result.outcome, result.error) == ("error", "DeadlockDetected")
+    record = rc.revalidation(conn, eligible)
+    assert record is not None and record["lease_token"] is None and record["faults"] == 0
+    assert record["last_fault"] is None
+
+
+def test_any_other_database_error_is_raised_not_recorded(
+    conn: Connection, eligible: int, client: TmdbClient
+) -> None:
+    """A refusal the run cannot explain (here an undefined column's 42703) fails the run
+    with its SQLSTATE; the case keeps no fault and its claim is left to its lease."""
+    [claim], _ = service.claim(conn, 1, rc.PER_HOUR)
+    fail_next_revalidation_write(conn, "42703")
+    settings = recovery.provider_settings(conn)
+    with pytest.raises(DatabaseError) as raised:
+        service.revalidate_claim(conn, claim, client, settings, rc.POLICY)
+    assert raised.value.sqlstate == "42703"
+    record = rc.revalidation(conn, eligible)
+    assert record is not None and record["faults"] == 0
+    assert record["lease_token"] == claim.lease_token

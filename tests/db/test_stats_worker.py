@@ -8,7 +8,15 @@ from datetime import date
 
 import pytest
 
-from inventory_pipeline.db import Connection, DatabaseError, connect, execute, fetch_all, fetch_one
+from inventory_pipeline.db import (
+    TRANSIENT,
+    Connection,
+    DatabaseError,
+    connect,
+    execute,
+    fetch_all,
+    fetch_one,
+)
 from inventory_pipeline.stats import service
 from inventory_pipeline.stats.models import StatsClaim
 from tests import stats_factories as sf
@@ -118,6 +126,18 @@ def test_deleted_canonical_row_rejects_with_23503(conn: Connection, user: uuid.U
     execute(conn, "DELETE FROM exercises WHERE id = 'lunge'")
     rejected = service.publish(conn, claimed)
     assert rejected.status == "rejected" and "23503" in (rejected.reason or "")
+    # The code is stored beside the reason, not only in its text.
+    assert recorded_error(conn, claimed)[1] == "23503"
+
+
+def test_lease_fence_refuses_with_its_own_sqlstate(conn: Connection, user: uuid.UUID) -> None:
+    """A fence refusal is a defect, never a lock timeout a caller retries (55P03)."""
+    sf.save(conn, user, D, sf.sets(("squat", 100, 5)))
+    claim(conn)
+    with pytest.raises(DatabaseError) as refused:
+        execute(conn, "UPDATE user_stats_projection_runs SET phase = 'failed'")
+    assert refused.value.sqlstate == "LEASE"
+    assert not isinstance(refused.value, TRANSIENT)
 
 
 def test_lease_fence_rejects_late_writes(conn: Connection, db_url: str, user: uuid.UUID) -> None:
@@ -250,12 +270,24 @@ def test_statement_timeout_in_a_batch_rolls_back_and_backs_off(
         conn, "SELECT count(*) AS n FROM stats_output_exercise WHERE run_id = %s", (claimed.run_id,)
     )
     assert kept is not None and kept["n"] == 100  # committed predecessors preserved
+    assert recorded_error(conn, claimed) == ("statement budget spent (57014)", "57014")
     assert service.compute(conn, claimed).status == "retry_pending"  # no immediate retry
     execute(conn, "UPDATE user_stats_projection_runs SET retry_not_before = now()")
     execute(conn, "UPDATE stats_projection_worker_settings SET compute_budget_ms = 60000")
     resumed = claim(conn)  # the claim takes it back: same run, token and cursor
     assert (resumed.run_id, resumed.lease_token) == (claimed.run_id, claimed.lease_token)
     assert service.process(conn, resumed).outcome == "published"
+    assert recorded_error(conn, claimed) == (None, None)  # cleared with the error
+
+
+def recorded_error(conn: Connection, claimed: StatsClaim) -> tuple[str | None, str | None]:
+    run = fetch_one(
+        conn,
+        "SELECT error, error_sqlstate FROM user_stats_projection_runs WHERE id = %s",
+        (claimed.run_id,),
+    )
+    assert run is not None
+    return run["error"], run["error_sqlstate"]
 
 
 def test_changed_inputs_invalidate_a_batch_attempt(conn: Connection, user: uuid.UUID) -> None:
