@@ -17,6 +17,8 @@ import pytest
 
 from chaos import invariants, oracle
 from chaos.config import (
+    ACK_RATE_WINDOW_SECONDS,
+    DIRTY_DRAIN_MARGIN,
     KILL_CHANCE,
     MAX_DIRTY_SECONDS,
     MAX_RECLAIM_SHARE,
@@ -27,7 +29,15 @@ from chaos.config import (
     PAUSE_CHANCE,
     WAKEUP_RELEASE_LIMIT,
 )
-from chaos.run import Report, bounds, drawn, judge_errors, unexercised
+from chaos.run import (
+    Report,
+    best_ack_rate,
+    bounds,
+    dirty_bound,
+    drawn,
+    judge_errors,
+    unexercised,
+)
 from chaos.worker import declare, error_line
 from inventory_pipeline.credentials import service as credentials
 from inventory_pipeline.db import Connection, DatabaseError, connect, execute, fetch_one
@@ -196,6 +206,32 @@ def test_each_progress_bound_fails_a_livelock() -> None:
     found = bounds(stuck)
     assert len(found) == 6, found
     assert MAX_WORKER_ERRORS_PER_MINUTE < 10_000
+
+
+def test_the_dirty_bound_follows_the_measured_acknowledgement_rate() -> None:
+    """A slow machine (few acknowledgements a second for a large dirty set) earns a
+    longer bound; a library starved while others are acknowledged fast does not."""
+    slow = Report(seed=1, seconds=60.0)
+    slow.dirty_seconds, slow.dirty_peak, slow.ack_rate = 213.0, 450, 2.0
+    assert dirty_bound(slow) == DIRTY_DRAIN_MARGIN * 450 / 2.0 and bounds(slow) == []
+    starved = Report(seed=1, seconds=60.0)
+    starved.dirty_seconds, starved.dirty_peak, starved.ack_rate = 213.0, 450, 20.0
+    assert dirty_bound(starved) == MAX_DIRTY_SECONDS
+    assert bounds(starved) == [
+        "an active library stayed dirty 213 s (bound 180 s: 450 dirty at most, acknowledged"
+        " at up to 20.0/s)"
+    ]
+
+
+def test_the_ack_rate_is_the_best_window_of_the_run(conn: Connection) -> None:
+    _audited(conn)
+    execute(
+        conn,
+        "INSERT INTO chaos_profile_acks (request_id, library_id, acked_at)"
+        " SELECT n, n, now() + make_interval(secs => CASE WHEN n <= 60 THEN n / 10.0"
+        " ELSE 100 + n END) FROM generate_series(1, 90) n",
+    )
+    assert best_ack_rate(conn) == 60 / ACK_RATE_WINDOW_SECONDS
 
 
 # -- the event-complete audit -------------------------------------------------------------
