@@ -30,7 +30,8 @@ CREATE TABLE chaos_profile_claims (
     attempt integer NOT NULL,
     claimed_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     lease_expires_at timestamptz NOT NULL,
-    actor text NOT NULL DEFAULT current_setting('application_name')
+    actor text NOT NULL DEFAULT current_setting('application_name'),
+    server_id bigint  -- the library's server when claimed
 );
 -- Every transition into `succeeded`, from whatever status (an unguarded write from
 -- `pending` is an acknowledgement too), and every row inserted as succeeded.
@@ -69,15 +70,17 @@ BEGIN
         END IF;
         IF NEW.status = 'running' THEN
             INSERT INTO chaos_profile_claims
-                (request_id, library_id, lease_token, attempt, lease_expires_at)
-            VALUES (NEW.id, NEW.library_id, NEW.lease_token, NEW.attempts, NEW.lease_expires_at);
+                (request_id, library_id, lease_token, attempt, lease_expires_at, server_id)
+            VALUES (NEW.id, NEW.library_id, NEW.lease_token, NEW.attempts, NEW.lease_expires_at,
+                    (SELECT l.server_id FROM libraries l WHERE l.id = NEW.library_id));
         END IF;
         RETURN NULL;
     END IF;
     IF NEW.status = 'running' AND NEW.lease_token IS DISTINCT FROM OLD.lease_token THEN
         INSERT INTO chaos_profile_claims
-            (request_id, library_id, lease_token, attempt, lease_expires_at)
-        VALUES (NEW.id, NEW.library_id, NEW.lease_token, NEW.attempts, NEW.lease_expires_at);
+            (request_id, library_id, lease_token, attempt, lease_expires_at, server_id)
+        VALUES (NEW.id, NEW.library_id, NEW.lease_token, NEW.attempts, NEW.lease_expires_at,
+                (SELECT l.server_id FROM libraries l WHERE l.id = NEW.library_id));
     ELSIF NEW.status = 'succeeded' AND OLD.status IS DISTINCT FROM 'succeeded' THEN
         INSERT INTO chaos_profile_acks
             (request_id, library_id, from_status, lease_token, lease_expires_at)
@@ -211,20 +214,33 @@ CREATE TRIGGER chaos_publication_audit AFTER UPDATE ON user_stats_projection_run
 -- Every step of a stats run (a claim, each compute call that moved its payload or
 -- phase) and who took it: a batch run resumed under its token may be stepped by
 -- several processes in turn, never two at once (its row lock).
+-- A step of a live claim (from_phase claimed or computed) is the lease holder's: its
+-- transaction declared the run's token (product_token) before the lease ended
+-- (lease_until, the lease as it stood before the step), unless it is the expiry
+-- recovery retiring a lapsed lease (error 'lease expired').
 CREATE TABLE chaos_stats_steps (
     seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
     run_id bigint NOT NULL,
     phase text NOT NULL,
     worker_pid integer DEFAULT substring(current_setting('application_name') FROM '[.]([0-9]+)$')::integer,
     backend_pid integer NOT NULL DEFAULT pg_backend_pid(),
-    at timestamptz NOT NULL DEFAULT clock_timestamp()
+    at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    from_phase text,
+    lease_token uuid,
+    lease_until timestamptz,
+    product_token text NOT NULL
+        DEFAULT coalesce(current_setting('inventory.stats_lease_token', true), ''),
+    error text
 );
 CREATE FUNCTION chaos_stats_step_audit() RETURNS trigger LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
-    IF TG_OP = 'INSERT' OR NEW.payload IS DISTINCT FROM OLD.payload
-       OR NEW.phase IS DISTINCT FROM OLD.phase THEN
+    IF TG_OP = 'INSERT' THEN
         INSERT INTO chaos_stats_steps (run_id, phase) VALUES (NEW.id, NEW.phase);
+    ELSIF NEW.payload IS DISTINCT FROM OLD.payload OR NEW.phase IS DISTINCT FROM OLD.phase THEN
+        INSERT INTO chaos_stats_steps (run_id, phase, from_phase, lease_token, lease_until,
+                                       error)
+        VALUES (NEW.id, NEW.phase, OLD.phase, OLD.lease_token, OLD.lease_until, NEW.error);
     END IF;
     RETURN NULL;
 END $$;
@@ -321,13 +337,19 @@ CREATE TABLE chaos_item_completions (
 -- Credential wakeup releases: one row per released case, grouped into batches by the
 -- releasing transaction; xact_start is that transaction's start (the instant the
 -- spacing is measured from), released_at the event clock.
+-- open_auth: the item held an open authentication case; own_kind: its library, of the
+-- item's media kind, and the library's server were active; jitter_seconds: how long
+-- after the release the item is due.
 CREATE TABLE chaos_wakeup_releases (
     seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
     item_id bigint NOT NULL,
     generation uuid NOT NULL,
     batch bigint NOT NULL DEFAULT txid_current(),
     xact_start timestamptz NOT NULL DEFAULT now(),
-    released_at timestamptz NOT NULL DEFAULT clock_timestamp()
+    released_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    open_auth boolean,
+    own_kind boolean,
+    jitter_seconds double precision
 );
 CREATE FUNCTION chaos_item_audit() RETURNS trigger LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -342,8 +364,15 @@ BEGIN
     END IF;
     IF NEW.recovery_wakeup_generation IS NOT NULL
        AND NEW.recovery_wakeup_generation IS DISTINCT FROM OLD.recovery_wakeup_generation THEN
-        INSERT INTO chaos_wakeup_releases (item_id, generation)
-        VALUES (NEW.id, NEW.recovery_wakeup_generation);
+        INSERT INTO chaos_wakeup_releases (item_id, generation, open_auth, own_kind,
+                                           jitter_seconds)
+        SELECT NEW.id, NEW.recovery_wakeup_generation,
+               coalesce(OLD.recovery_category = 'auth', false)
+                   AND OLD.recovery_resolved_at IS NULL,
+               coalesce((SELECT l.media_kind = NEW.provider_kind AND l.active AND m.active
+                         FROM libraries l JOIN media_servers m ON m.id = l.server_id
+                         WHERE l.id = NEW.library_id), false),
+               extract(epoch FROM NEW.observation_due_at - now());
     END IF;
     RETURN NULL;
 END $$;
@@ -470,3 +499,78 @@ CREATE TRIGGER chaos_recorded_error_audit AFTER UPDATE ON profile_refresh_reques
     FOR EACH ROW EXECUTE FUNCTION chaos_recorded_error_audit();
 CREATE TRIGGER chaos_recorded_error_audit AFTER UPDATE ON user_stats_projection_runs
     FOR EACH ROW EXECUTE FUNCTION chaos_recorded_error_audit();
+
+-- When a library or a server turned active or inactive: no claim may start at a library
+-- inactive by then (its running work may finish).
+CREATE TABLE chaos_activity (
+    seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
+    kind text NOT NULL,  -- library or server
+    id bigint NOT NULL,
+    active boolean NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE FUNCTION chaos_activity_audit() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    IF NEW.active IS DISTINCT FROM OLD.active THEN
+        INSERT INTO chaos_activity (kind, id, active)
+        VALUES (CASE TG_TABLE_NAME WHEN 'libraries' THEN 'library' ELSE 'server' END,
+                NEW.id, NEW.active);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER chaos_activity_audit AFTER UPDATE OF active ON libraries
+    FOR EACH ROW EXECUTE FUNCTION chaos_activity_audit();
+CREATE TRIGGER chaos_activity_audit AFTER UPDATE OF active ON media_servers
+    FOR EACH ROW EXECUTE FUNCTION chaos_activity_audit();
+
+-- Every stats lease granted (a run turning active: claimed or computed, its lease live,
+-- no retry pending), with the active leases counted as it was granted (itself
+-- included), how many of those were granted before the cap last changed, and the cap.
+-- Leases granted under the current cap never outnumber it (a lowered cap lets the
+-- leases above it run out).
+CREATE TABLE chaos_stats_cap_changes (
+    cap integer NOT NULL,
+    changed_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE FUNCTION chaos_stats_cap_audit() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    INSERT INTO chaos_stats_cap_changes (cap) VALUES (NEW.active_lease_cap);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER chaos_stats_cap_audit AFTER UPDATE OF active_lease_cap
+    ON stats_projection_worker_settings
+    FOR EACH ROW EXECUTE FUNCTION chaos_stats_cap_audit();
+CREATE TABLE chaos_stats_grants (
+    seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
+    run_id bigint NOT NULL,
+    live integer NOT NULL,
+    earlier integer NOT NULL,
+    cap integer NOT NULL,
+    granted_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE FUNCTION chaos_stats_active(r user_stats_projection_runs) RETURNS boolean
+LANGUAGE sql VOLATILE AS $$
+    SELECT r.phase IN ('claimed', 'computed') AND r.lease_until > clock_timestamp()
+           AND r.retry_not_before IS NULL
+$$;
+CREATE FUNCTION chaos_stats_grant_audit() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    IF chaos_stats_active(NEW)
+       AND (TG_OP = 'INSERT' OR NOT chaos_stats_active(OLD)
+            OR NEW.lease_token IS DISTINCT FROM OLD.lease_token) THEN
+        INSERT INTO chaos_stats_grants (run_id, live, earlier, cap)
+        SELECT NEW.id, count(*),
+               count(*) FILTER (WHERE (SELECT max(g.granted_at) FROM chaos_stats_grants g
+                                       WHERE g.run_id = r.id AND r.id <> NEW.id)
+                                      < (SELECT max(c.changed_at) FROM chaos_stats_cap_changes c)),
+               (SELECT s.active_lease_cap FROM stats_projection_worker_settings s)
+        FROM user_stats_projection_runs r
+        WHERE chaos_stats_active(r);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER chaos_stats_grant_audit AFTER INSERT OR UPDATE ON user_stats_projection_runs
+    FOR EACH ROW EXECUTE FUNCTION chaos_stats_grant_audit();

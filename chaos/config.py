@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from inventory_pipeline.profiles.models import RefreshPolicy
 from inventory_pipeline.recovery.policy import RetryPolicy
+from inventory_pipeline.settings import TmdbSettings
 
 LEASE_SECONDS = 3
 
@@ -65,6 +66,14 @@ WAKEUP_WARMUP_SECONDS = 30
 # The release jitter (1-60 s, fixed in SQL by `release_batch`) is the longest legitimate wait
 # of a released case.
 RELEASE_JITTER_SECONDS = 60
+
+# The provider admission rate under the chaos: the product's default, in requests a
+# second across every process (the Dagster runs set it too). The stand-in may count at
+# most ADMISSION_MARGIN times as many arrivals in one wall-clock second: the limiter
+# admits within a sliding second, and a loaded machine delays a request between its
+# admission and its arrival.
+ADMISSION_RATE = TmdbSettings.rate
+ADMISSION_MARGIN = 1.25
 
 # -- the workload and its faults --------------------------------------------------------
 # Stats workers: two stepping through claim/compute/publish by hand, two drain loops
@@ -164,19 +173,45 @@ DAEMON_ENV = {
     "INVENTORY_RETRY_SECONDS": "1",
     "INVENTORY_CIRCUIT_PROBE_SECONDS": "2",
     "INVENTORY_NATIVE_MAX_AGE_SECONDS": str(10**7),
+    # The revalidation sensor's and runs' hourly budget: the harness revalidators' (the
+    # product's ceiling). The budget is one row every process spends: at the default 60
+    # the revalidators spend it within a minute and the sensor skips every tick.
+    "INVENTORY_REVALIDATIONS_PER_HOUR": str(REVALIDATIONS_PER_HOUR),
 }
 # Before the chaos begins, the daemon alone processes the setup's inventory until one of
 # its runs has acknowledged a request (measured 20-40 s from a cold start), so every
 # run has Dagster-path work; past this it goes on without (the checks will say why).
 DAEMON_FIRST_ACK_SECONDS = 90
-# Sensors whose product clocks (five-minute item leases, six-hour backoffs, one-minute
-# wakeup spacing, an hourly budget) do not fit a run of seconds; the harness's own
-# workers cover them.
+# Sensors kept stopped: their clocks are constants no variable sets, and they break
+# the harness's checks; the harness's own workers cover them.
+# - provider_observation_sensor: the job observes with a five-minute item lease
+#   (recovery/service.py LEASE_SECONDS) and the default RetryPolicy (recovery/policy.py:
+#   6 h / 1 day backoffs, 300 s floor; defs/observation.py passes none), so every failure
+#   it records (every 17th id is missing at the stand-in) leaves a case due in a day,
+#   which `nothing_stuck` fails (61 s bound); its completions declare no token, which
+#   `no_lost_claim_acknowledged` reports as "not its latest claim".
+# - credential_wakeup_sensor: a 60 s tick (defs/credentials.py), a 60 s probe lease, a
+#   15 min to 6 h failed-probe backoff and a 60 s release spacing
+#   (credentials/service.py; the job passes none). The backoff is stored with the
+#   generation, so one Dagster probe meeting the storm or a provider fault stops every
+#   prober's verification for the rest of the run; `wakeups` reports a verification
+#   that declared no token as "by a worker without the lease".
+# The revalidation sensor runs: its 30 s tick fits and its budget is set above. Its
+# lease (300 s) and fault backoff (6 h / 1 day) are the product's too: a revalidation
+# run caught by the restart, or meeting a provider fault, leaves its case that long.
 DAEMON_STOPPED_SENSORS = (
     "provider_observation_sensor",
     "credential_wakeup_sensor",
-    "identity_revalidation_sensor",
 )
+# The least a run's Dagster runs must do, by what `Daemon.share` counts.
+DAGSTER_MIN_SHARE = {
+    "profile acknowledgements": 1,
+    "stats publications": 0,
+    "revalidation checks": 0,
+}
+# A Dagster run may fail only inside an injected fault's window (a server restart),
+# widened by this on each side: a client notices a restart late.
+DAGSTER_FAULT_MARGIN_SECONDS = 1.0
 
 # -- errors ----------------------------------------------------------------------------
 # What a worker may meet under chaos and recover from, by SQLSTATE: lock not available,

@@ -21,9 +21,14 @@ class Guard:
     protects: str
     tests: tuple[str, ...]
     shadowed_by: str | None = None
-    # Further (text, removed) edits of the same file, for a guard written in several
-    # places that only together protect (each place alone is the others' depth).
-    more: tuple[tuple[str, str], ...] = ()
+    # Further (path, text, removed) edits, for a guard written in several places that
+    # only together protect (each place alone is the others' depth).
+    more: tuple[tuple[str, str, str], ...] = ()
+
+    @property
+    def edits(self) -> tuple[tuple[str, str, str], ...]:
+        """Every (path, text, removed) edit that removes the guard."""
+        return ((self.path, self.text, self.removed), *self.more)
 
 
 PROFILE_QUERIES = "inventory_pipeline/profiles/queries.sql"
@@ -31,10 +36,11 @@ RECOVERY_QUERIES = "inventory_pipeline/recovery/queries.sql"
 CREDENTIAL_QUERIES = "inventory_pipeline/credentials/queries.sql"
 REVALIDATION_QUERIES = "inventory_pipeline/revalidation/queries.sql"
 ADMISSION_QUERIES = "inventory_pipeline/provider/admission.sql"
-# The stats functions as the database runs them: the migration that last defined them
-# (a scratch database is built from migrations/).
-STATS_WORKER = "migrations/0026_stats_simple_worker.sql"
-STATS_BASE = "migrations/0005_training_stats.sql"
+# The stats functions as the database runs them: the migration that last defined each
+# (a scratch database is built from migrations/; tests/unit/test_guards.py checks that
+# no later migration defines the guarded text again).
+STATS_WORKER = "migrations/0026_stats_simple_worker.sql"  # stats_renew_lease
+STATS_STAGES = "migrations/0030_recorded_error_sqlstate.sql"  # the stages and the fence
 
 # The three checks of a stats lease's end: the compute's, the renewal's (from the lease's
 # slot row), the publication's.
@@ -213,7 +219,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         "stats_compute_token",
-        STATS_WORKER,
+        STATS_STAGES,
         "    WHERE r.id = p_run_id AND r.lease_token = p_lease_token\n    FOR UPDATE SKIP LOCKED;",
         "    WHERE r.id = p_run_id\n    FOR UPDATE SKIP LOCKED;",
         "only the lease holder computes a run",
@@ -222,7 +228,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         "stats_publish_token",
-        STATS_WORKER,
+        STATS_STAGES,
         "    WHERE r.id = p_run_id AND r.lease_token = p_lease_token\n"
         "      AND r.phase = 'computed' AND r.lease_until > now()",
         "    WHERE r.id = p_run_id\n      AND r.phase = 'computed' AND r.lease_until > now()",
@@ -232,7 +238,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         "stats_publish_expiry",
-        STATS_WORKER,
+        STATS_STAGES,
         PUBLISH_CHECK,
         "      AND r.phase = 'computed' AND r.retry_not_before IS NULL",
         "a publication after its lease ended publishes nothing",
@@ -252,7 +258,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         "stats_compute_expiry",
-        STATS_WORKER,
+        STATS_STAGES,
         COMPUTE_CHECK,
         "    ELSIF false THEN",
         "a compute step after its lease ended takes no step",
@@ -261,7 +267,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         "stats_lease_end",
-        STATS_WORKER,
+        STATS_STAGES,
         COMPUTE_CHECK,
         "    ELSIF false THEN",
         "a stats worker past its lease takes no step, though nobody took over: the run's"
@@ -270,13 +276,17 @@ GUARDS: tuple[Guard, ...] = (
             "tests/db/test_interleavings.py::test_a_stats_worker_past_its_lease_takes_no_step_though_nobody_took_over",
         ),
         more=(
-            (RENEW_CHECK, "    WHERE run_id = p_run_id\n    FOR UPDATE;"),
-            (PUBLISH_CHECK, "      AND r.phase = 'computed' AND r.retry_not_before IS NULL"),
+            (STATS_WORKER, RENEW_CHECK, "    WHERE run_id = p_run_id\n    FOR UPDATE;"),
+            (
+                STATS_STAGES,
+                PUBLISH_CHECK,
+                "      AND r.phase = 'computed' AND r.retry_not_before IS NULL",
+            ),
         ),
     ),
     Guard(
         "stats_publish_generation",
-        STATS_WORKER,
+        STATS_STAGES,
         "    IF run.target_version <= v_state.applied_version THEN",
         "    IF false THEN",
         "a generation never publishes over a newer or equal applied one",
@@ -286,7 +296,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         "stats_publish_base",
-        STATS_WORKER,
+        STATS_STAGES,
         "    ELSIF v_state.applied_version <> run.base_applied_version THEN",
         "    ELSIF false THEN",
         "a run publishes only on the base it computed from",
@@ -294,12 +304,44 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         "stats_lease_fence",
-        STATS_BASE,
+        STATS_STAGES,
         "       AND coalesce(current_setting('inventory.stats_lease_token', true), '')\n"
         "           <> OLD.lease_token::text\n",
         "       AND false\n",
         "a live lease changes only in a transaction that declared its token (LEASE)",
         ("tests/db/test_stats_worker.py::test_lease_fence_rejects_late_writes",),
+    ),
+    Guard(
+        "stats_lease_cap",
+        STATS_STAGES,
+        "        WHERE l.slot <= st.active_lease_cap AND l.lease_until <= now()",
+        "        WHERE l.lease_until <= now()",
+        "leases granted under the current cap never outnumber it",
+        (
+            "tests/db/test_stats_leases.py::test_a_lowered_cap_stops_claims_above_it_and_lets_its_leases_finish",
+            "tests/chaos/test_checks.py::test_leases_beyond_the_cap_are_seen_and_a_lowered_cap_lets_earlier_ones_run_out",
+        ),
+    ),
+    Guard(
+        "profile_claim_active",
+        "migrations/0016_server_side_claim_and_sliding_admission.sql",
+        "            WHERE n.status = 'pending'\n"
+        "              AND n.available_at <= now()\n"
+        "              AND l.active\n"
+        "              AND m.active\n",
+        "            WHERE n.status = 'pending'\n              AND n.available_at <= now()\n",
+        "a claim never starts at an inactive library or server (running work may finish)",
+        (
+            "tests/db/test_refresh.py::test_inactive_library_pauses_new_claims_but_running_work_finishes",
+        ),
+    ),
+    Guard(
+        "credential_release_kind",
+        "migrations/0027_authentication_case_generation.sql",
+        "       AND l.active AND m.active AND l.media_kind = i.provider_kind",
+        "       AND l.active AND m.active",
+        "a verified key releases only cases in a library of their own media kind",
+        ("tests/db/test_credentials.py::test_only_valid_cases_predating_verification_qualify",),
     ),
     Guard(
         "admission_window",

@@ -443,6 +443,85 @@ def recorded_errors(
     ]
 
 
+def stats_leases(conn: Connection) -> list[str]:
+    """docs/training-stats.md#leases-and-the-cap: leases granted under the current cap never
+    outnumber it; a step of a live claim is taken by its lease holder (its transaction
+    declared the run's token) before the lease ended, unless it is the expiry recovery
+    retiring a lapsed lease."""
+    out = [
+        f"stats run {r['run_id']}: granted a lease with {r['live']} active"
+        f" ({r['earlier']} granted before the cap last changed), cap {r['cap']}"
+        for r in fetch_all(
+            conn,
+            "SELECT run_id, live, earlier, cap FROM chaos_stats_grants"
+            " WHERE live - earlier > cap ORDER BY seq",
+        )
+    ]
+    return out + [
+        f"stats run {r['run_id']}: step to {r['phase']} {r['why']}"
+        for r in fetch_all(
+            conn,
+            "SELECT run_id, phase, CASE WHEN product_token <> lease_token::text"
+            "  THEN 'by a session without its lease token'"
+            "  ELSE 'after its lease ended' END AS why"
+            " FROM chaos_stats_steps"
+            " WHERE from_phase IN ('claimed', 'computed')"
+            " AND NOT (phase = 'failed' AND error = 'lease expired' AND at >= lease_until)"
+            " AND (product_token <> lease_token::text OR at >= lease_until)"
+            " ORDER BY seq",
+        )
+    ]
+
+
+def release_rules(conn: Connection, jitter: tuple[int, int] = (1, 60)) -> list[str]:
+    """docs/credentials.md#release: a verified key releases only open authentication
+    cases, each in an active library of its own media kind, due again after a jitter of
+    1-60 s."""
+    return [
+        f"item {r['item_id']}: released {r['why']}"
+        for r in fetch_all(
+            conn,
+            "SELECT item_id, CASE WHEN NOT open_auth THEN 'without an open authentication case'"
+            "  WHEN NOT own_kind THEN 'in an inactive library or one of another media kind'"
+            "  ELSE format('due after %%s s', round(jitter_seconds::numeric, 1)) END AS why"
+            " FROM chaos_wakeup_releases"
+            " WHERE NOT open_auth OR NOT own_kind"
+            " OR jitter_seconds NOT BETWEEN %(low)s AND %(high)s ORDER BY seq",
+            {"low": jitter[0], "high": jitter[1]},
+        )
+    ]
+
+
+def inactive_claims(conn: Connection, margin_seconds: float = 1.0) -> list[str]:
+    """docs/profiles.md: a claim never starts at a library (or a server) inactive by
+    then; its running work may finish. A claim within `margin_seconds` of the change
+    raced it and counts as before."""
+    last = (
+        "(SELECT a.active FROM chaos_activity a WHERE a.kind = '{kind}' AND a.id = c.{column}"
+        " AND a.at < c.claimed_at - make_interval(secs => %(margin)s)"
+        " ORDER BY a.seq DESC LIMIT 1)"
+    )
+    rows = fetch_all(
+        conn,
+        "SELECT * FROM (SELECT c.seq, c.request_id, c.library_id, c.server_id,"
+        f" {last.format(kind='library', column='library_id')} AS library_active,"
+        f" {last.format(kind='server', column='server_id')} AS server_active"
+        " FROM chaos_profile_claims c) q"
+        " WHERE library_active IS FALSE OR server_active IS FALSE ORDER BY seq",
+        {"margin": margin_seconds},
+    )
+    return [
+        f"request {r['request_id']}: claimed while "
+        + (
+            f"library {r['library_id']}"
+            if r["library_active"] is False
+            else f"server {r['server_id']}"
+        )
+        + " was inactive"
+        for r in rows
+    ]
+
+
 def nothing_stuck(conn: Connection) -> list[str]:
     """Whatever is left open has a due retry within the longest legitimate delay (an
     inactive library's cases wait for it, as its profile requests do)."""

@@ -62,14 +62,13 @@ def scratch_copy(into: Path) -> Path:
 
 def remove(root: Path, guard: Guard) -> None:
     """Replace the guard's text (and its further places), each exactly once in its file."""
-    path = root / guard.path
-    text = path.read_text("utf-8")
-    for old, new in ((guard.text, guard.removed), *guard.more):
+    for where, old, new in guard.edits:
+        path = root / where
+        text = path.read_text("utf-8")
         found = text.count(old)
         if found != 1:
-            raise SystemExit(f"{guard.name}: a text occurs {found} times in {guard.path}")
-        text = text.replace(old, new)
-    path.write_text(text, "utf-8")
+            raise SystemExit(f"{guard.name}: a text occurs {found} times in {where}")
+        path.write_text(text.replace(old, new), "utf-8")
 
 
 def environment(root: Path) -> dict[str, str]:

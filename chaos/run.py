@@ -28,6 +28,8 @@ from pathlib import Path
 from chaos import invariants, oracle, replacements, stats_oracle
 from chaos.config import (
     ACK_RATE_WINDOW_SECONDS,
+    ADMISSION_MARGIN,
+    ADMISSION_RATE,
     API_KEY,
     AUTH_BACKLOG_AT,
     BACKLOG_AT,
@@ -147,6 +149,7 @@ class Report:
     dirty_peak: int = 0  # the most active libraries dirty at once
     ack_rate: float = 0.0  # the best acknowledgements per second over a window
     storms: list[int] = field(default_factory=list)
+    arrivals: Counter[int] = field(default_factory=Counter)  # at the stand-in, per second
     dagster_runs: Counter[str] = field(default_factory=Counter)
     dagster_first: float | None = None  # seconds until a Dagster run first acknowledged
     # Stats workers killed (SIGKILL or terminated) while they held a live claim, by
@@ -458,7 +461,7 @@ def _prepare(conn: Connection) -> None:
     execute(conn, (Path(__file__).with_name("audit.sql")).read_text())
     assignments = ", ".join(f"{column} = %({column})s" for column in STATS_SETTINGS)
     execute(conn, f"UPDATE stats_projection_worker_settings SET {assignments}", STATS_SETTINGS)
-    admission.set_rate(conn, 500.0)
+    admission.set_rate(conn, ADMISSION_RATE)
 
 
 def _quiesce(
@@ -553,6 +556,17 @@ def best_ack_rate(conn: Connection) -> float:
         {"window": ACK_RATE_WINDOW_SECONDS},
     )
     return 0.0 if row is None else int(row["n"]) / ACK_RATE_WINDOW_SECONDS
+
+
+def admission_rate(arrivals: Counter[int]) -> list[str]:
+    """Requests that reached the stand-in in one wall-clock second, beyond what the
+    admission rate (with its margin) lets through across every process."""
+    limit = ADMISSION_RATE * ADMISSION_MARGIN
+    return [
+        f"{n} requests reached the provider in one second (admission rate {ADMISSION_RATE}/s)"
+        for second, n in sorted(arrivals.items())
+        if n > limit
+    ]
 
 
 def bounds(report: Report) -> list[str]:
@@ -652,6 +666,7 @@ def run(
                 report.merges = workload.merges
                 report.reviewed.update(workload.reviewed)
                 report.edits_during_compute = workload.edits_during_compute
+                report.arrivals = standin.state.per_second()
                 report.storms = [
                     sum(1 for t in list(standin.state.arrivals) if start <= t <= end)
                     for start, end in workload.storms
@@ -718,6 +733,10 @@ def _checks(conn: Connection, report: Report, harness: Harness) -> list[str]:
     out += invariants.wakeups(conn, WAKEUP_RELEASE_LIMIT, WAKEUP_SPACING_SECONDS)
     out += invariants.nothing_stuck(conn)
     out += invariants.recorded_errors(conn)
+    out += invariants.stats_leases(conn)
+    out += invariants.release_rules(conn)
+    out += invariants.inactive_claims(conn)
+    out += admission_rate(report.arrivals)
     out += invariants.malformed_identities(conn)
     out += invariants.item_records_have_items(conn)
     out += replacements.checks(conn)

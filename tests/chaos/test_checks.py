@@ -18,6 +18,8 @@ import pytest
 from chaos import invariants, oracle
 from chaos.config import (
     ACK_RATE_WINDOW_SECONDS,
+    ADMISSION_MARGIN,
+    ADMISSION_RATE,
     DIRTY_DRAIN_MARGIN,
     KILL_CHANCE,
     MAX_DIRTY_SECONDS,
@@ -31,6 +33,7 @@ from chaos.config import (
 )
 from chaos.run import (
     Report,
+    admission_rate,
     best_ack_rate,
     bounds,
     dirty_bound,
@@ -599,3 +602,116 @@ def test_a_dead_workers_observation_lease_is_outstanding_a_live_one_is_not(
         (live, live, dead),
     )
     assert invariants.outstanding(conn)["expired observation leases"] == 1
+
+
+# -- invariants that had no check --------------------------------------------------------
+
+
+def test_leases_beyond_the_cap_are_seen_and_a_lowered_cap_lets_earlier_ones_run_out(
+    conn: Connection,
+) -> None:
+    _audited(conn)
+    sf.exercise(conn, "squat")
+    execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 2")
+    users = [uuid.uuid4() for _ in range(4)]
+    for user in users:
+        sf.save(conn, user, date(2026, 3, 10), sf.sets(("squat", 100, 5)))
+    assert stats_service.claim(conn, "a") and stats_service.claim(conn, "b")
+    assert stats_service.claim(conn, "c") is None  # the cap holds
+    execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 1")
+    assert invariants.stats_leases(conn) == []  # two earlier leases run out: no divergence
+    # A deliberate defect: the claim takes any free slot, not only those within the cap.
+    cap = "WHERE l.slot <= st.active_lease_cap AND l.lease_until <= now()"
+    row = fetch_one(conn, "SELECT pg_get_functiondef('stats_claim_stage'::regproc) AS d")
+    assert row is not None and row["d"].count(cap) == 1
+    execute(conn, row["d"].replace(cap, "WHERE l.lease_until <= now()"))
+    execute(conn, "INSERT INTO stats_lease_slots (slot) VALUES (3), (4)")
+    assert stats_service.claim(conn, "c") and stats_service.claim(conn, "d")
+    [found] = invariants.stats_leases(conn)
+    assert found.endswith(
+        "granted a lease with 4 active (2 granted before the cap last changed), cap 1"
+    ), found
+
+
+def test_a_stats_step_past_the_lease_or_without_its_token_is_seen(conn: Connection) -> None:
+    _audited(conn)
+    sf.exercise(conn, "squat")
+    user = uuid.uuid4()
+    sf.save(conn, user, date(2026, 3, 10), sf.sets(("squat", 100, 5)))
+    claim = stats_service.claim(conn, "test")
+    assert claim is not None
+    assert stats_service.compute(conn, claim).status == "computed"
+    assert invariants.stats_leases(conn) == []
+    sf.expire_run(conn, claim.run_id, claim.lease_token)
+    # Deliberate defects: a session without the token changes the run (its lease lapsed,
+    # so the fence lets it); the holder publishes past its lease.
+    execute(
+        conn, "UPDATE user_stats_projection_runs SET payload = '{}' WHERE id = %s", (claim.run_id,)
+    )
+    sf.set_run(conn, claim.run_id, claim.lease_token, "phase = 'published'")
+    assert invariants.stats_leases(conn) == [
+        f"stats run {claim.run_id}: step to computed by a session without its lease token",
+        f"stats run {claim.run_id}: step to published after its lease ended",
+    ]
+
+
+def test_a_release_of_the_wrong_case_or_with_the_wrong_jitter_is_seen(
+    conn: Connection, standin: StandIn
+) -> None:
+    _audited(conn)
+    [case, other] = _verified(conn, standin, 2)
+    released = credentials.release(conn, limit=WAKEUP_RELEASE_LIMIT, spacing_seconds=0)
+    assert released is not None and released.released == 2
+    assert invariants.release_rules(conn) == []
+    shows = f.library(conn, media_kind="tv")
+    [wrong_kind] = f.auth_cases(conn, shows, 1)
+    execute(
+        conn, "UPDATE media_server_items SET provider_kind = 'movie' WHERE id = %s", (wrong_kind,)
+    )
+    plain = f.tmdb_item(conn, shows, 7)
+    generation = fetch_one(conn, "SELECT verified_generation AS g FROM credential_wakeups")
+    assert generation is not None
+    # Deliberate defects: a release past the rules.
+    for item, due in ((wrong_kind, "30 s"), (plain, "30 s"), (case, "2 hours")):
+        execute(
+            conn,
+            "UPDATE media_server_items SET recovery_wakeup_generation = gen_random_uuid(),"
+            " observation_due_at = now() + %s::interval WHERE id = %s",
+            (due, item),
+        )
+    assert invariants.release_rules(conn) == [
+        f"item {wrong_kind}: released in an inactive library or one of another media kind",
+        f"item {plain}: released without an open authentication case",
+        f"item {case}: released due after 7200.0 s",
+    ]
+    assert other
+
+
+def test_a_claim_at_an_inactive_library_is_seen(conn: Connection) -> None:
+    _audited(conn)
+    lib = f.library(conn)
+    f.items(conn, lib, 3)
+    profiles.plan(conn, POLICY)
+    execute(conn, "UPDATE libraries SET active = false WHERE id = %s", (lib,))
+    assert profiles.claim(conn, POLICY).claims == ()  # the product waits
+    # A deliberate defect: a claim that does not ask whether the library is active.
+    execute(
+        conn,
+        "UPDATE profile_refresh_requests SET status = 'running', attempts = attempts + 1,"
+        " lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 minute'"
+        " WHERE library_id = %s",
+        (lib,),
+    )
+    [request] = f.requests(conn, lib)
+    assert invariants.inactive_claims(conn, margin_seconds=0) == [
+        f"request {request['id']}: claimed while library {lib} was inactive"
+    ]
+
+
+def test_more_arrivals_in_a_second_than_the_admission_rate_allows_are_seen() -> None:
+    limit = int(ADMISSION_RATE * ADMISSION_MARGIN)
+    assert admission_rate(Counter({100: limit, 101: 3})) == []
+    assert admission_rate(Counter({100: limit + 1})) == [
+        f"{limit + 1} requests reached the provider in one second"
+        f" (admission rate {ADMISSION_RATE}/s)"
+    ]
