@@ -31,7 +31,9 @@ CREATE TABLE chaos_profile_claims (
     claimed_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     lease_expires_at timestamptz NOT NULL,
     actor text NOT NULL DEFAULT current_setting('application_name'),
-    server_id bigint  -- the library's server when claimed
+    server_id bigint,  -- the library's server when claimed
+    -- The claiming statement's start: its reads of the library are no older.
+    statement_at timestamptz NOT NULL DEFAULT statement_timestamp()
 );
 -- Every transition into `succeeded`, from whatever status (an unguarded write from
 -- `pending` is an acknowledgement too), and every row inserted as succeeded.
@@ -500,8 +502,9 @@ CREATE TRIGGER chaos_recorded_error_audit AFTER UPDATE ON profile_refresh_reques
 CREATE TRIGGER chaos_recorded_error_audit AFTER UPDATE ON user_stats_projection_runs
     FOR EACH ROW EXECUTE FUNCTION chaos_recorded_error_audit();
 
--- When a library or a server turned active or inactive: no claim may start at a library
--- inactive by then (its running work may finish).
+-- When a library or a server turned active or inactive, timed as the change commits (a
+-- deferred trigger: the writing statement's other triggers may take long): no claim
+-- may start at a library inactive by then (its running work may finish).
 CREATE TABLE chaos_activity (
     seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
     kind text NOT NULL,  -- library or server
@@ -519,10 +522,10 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
-CREATE TRIGGER chaos_activity_audit AFTER UPDATE OF active ON libraries
-    FOR EACH ROW EXECUTE FUNCTION chaos_activity_audit();
-CREATE TRIGGER chaos_activity_audit AFTER UPDATE OF active ON media_servers
-    FOR EACH ROW EXECUTE FUNCTION chaos_activity_audit();
+CREATE CONSTRAINT TRIGGER chaos_activity_audit AFTER UPDATE OF active ON libraries
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION chaos_activity_audit();
+CREATE CONSTRAINT TRIGGER chaos_activity_audit AFTER UPDATE OF active ON media_servers
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION chaos_activity_audit();
 
 -- Every stats lease granted (a run turning active: claimed or computed, its lease live,
 -- no retry pending), with the active leases counted as it was granted (itself

@@ -145,17 +145,15 @@ class Daemon:
             )
 
     def first_acknowledgement(self, app_url: str, timeout: float) -> float | None:
-        """Wait until a Dagster run has acknowledged a profile request (the setup's
-        inventory is dirty, nothing else processes it yet); seconds waited, or None."""
+        """Wait until Dagster runs have acknowledged a profile request and published
+        stats (the setup's inventory is dirty and its sessions wait for stats; nothing
+        else processes them yet, and once the harness's workers start, its stats
+        workers claim every job before a drain run starts); seconds waited, or None."""
         started = time.monotonic()
         with connect(app_url, application_name="chaos.harness") as conn:
             while time.monotonic() - started < timeout and self.alive():
-                row = fetch_one(
-                    conn,
-                    "SELECT EXISTS (SELECT 1 FROM chaos_profile_acks"
-                    " WHERE actor NOT LIKE 'chaos.%') AS done",
-                )
-                if row is not None and row["done"]:
+                row = fetch_one(conn, BY_DAGSTER, {"harness": HARNESS_ACTOR})
+                if row is not None and row["acks"] and row["publications"]:
                     return time.monotonic() - started
                 time.sleep(1.0)
         return None

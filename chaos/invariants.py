@@ -494,29 +494,30 @@ def release_rules(conn: Connection, jitter: tuple[int, int] = (1, 60)) -> list[s
 
 def inactive_claims(conn: Connection, margin_seconds: float = 1.0) -> list[str]:
     """docs/profiles.md: a claim never starts at a library (or a server) inactive by
-    then; its running work may finish. A claim within `margin_seconds` of the change
-    raced it and counts as before."""
-    last = (
-        "(SELECT a.active FROM chaos_activity a WHERE a.kind = '{kind}' AND a.id = c.{column}"
-        " AND a.at < c.claimed_at - make_interval(secs => %(margin)s)"
+    then; its running work may finish. A change is timed as it committed and a claim
+    from its statement's start (its reads are no older) to its write: the claim broke
+    the rule when its library or server had turned inactive `margin_seconds` before the
+    statement began and stayed so until the write."""
+    inactive = (
+        "(SELECT a.active IS FALSE FROM chaos_activity a WHERE a.kind = '{kind}'"
+        " AND a.id = c.{column} AND a.at < c.statement_at - make_interval(secs => %(margin)s)"
         " ORDER BY a.seq DESC LIMIT 1)"
+        " AND NOT EXISTS (SELECT 1 FROM chaos_activity a WHERE a.kind = '{kind}'"
+        " AND a.id = c.{column} AND a.at >= c.statement_at - make_interval(secs => %(margin)s)"
+        " AND a.at <= c.claimed_at)"
     )
     rows = fetch_all(
         conn,
-        "SELECT * FROM (SELECT c.seq, c.request_id, c.library_id, c.server_id,"
-        f" {last.format(kind='library', column='library_id')} AS library_active,"
-        f" {last.format(kind='server', column='server_id')} AS server_active"
+        "SELECT * FROM (SELECT c.seq, c.request_id, c.library_id, c.server_id, c.actor,"
+        f" {inactive.format(kind='library', column='library_id')} AS library_inactive,"
+        f" {inactive.format(kind='server', column='server_id')} AS server_inactive"
         " FROM chaos_profile_claims c) q"
-        " WHERE library_active IS FALSE OR server_active IS FALSE ORDER BY seq",
+        " WHERE library_inactive OR server_inactive ORDER BY seq",
         {"margin": margin_seconds},
     )
     return [
-        f"request {r['request_id']}: claimed while "
-        + (
-            f"library {r['library_id']}"
-            if r["library_active"] is False
-            else f"server {r['server_id']}"
-        )
+        f"request {r['request_id']}: claimed by {r['actor']} while "
+        + (f"library {r['library_id']}" if r["library_inactive"] else f"server {r['server_id']}")
         + " was inactive"
         for r in rows
     ]

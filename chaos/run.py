@@ -69,7 +69,7 @@ from chaos.config import (
     WORKERS,
     WRONG_KEY,
 )
-from chaos.daemon import Daemon
+from chaos.daemon import Daemon, dagster_divergences
 from chaos.servers import Server
 from chaos.worker import ROLES, application_name
 from chaos.workload import Workload, drop_writer_role
@@ -151,7 +151,9 @@ class Report:
     storms: list[int] = field(default_factory=list)
     arrivals: Counter[int] = field(default_factory=Counter)  # at the stand-in, per second
     dagster_runs: Counter[str] = field(default_factory=Counter)
-    dagster_first: float | None = None  # seconds until a Dagster run first acknowledged
+    dagster_first: float | None = None  # seconds until Dagster first acknowledged and published
+    dagster_share: dict[str, int] = field(default_factory=dict)  # what Dagster's runs did
+    dagster_failed: list[str] = field(default_factory=list)  # its failed runs, with errors
     # Stats workers killed (SIGKILL or terminated) while they held a live claim, by
     # whether the kill caught them inside a transaction.
     claim_kills: Counter[str] = field(default_factory=Counter)
@@ -196,8 +198,13 @@ class Report:
         ]
         if self.daemon:
             first = "never" if self.dagster_first is None else f"{self.dagster_first:.0f} s"
-            out.append(f"Dagster: first acknowledgement after {first} (before the chaos)")
+            out.append(
+                f"Dagster: first acknowledgement and stats publication after {first}"
+                " (before the chaos)"
+            )
             out.append(f"Dagster runs: {dict(sorted(self.dagster_runs.items()))}")
+            out.append(f"Dagster share: {self.dagster_share}")
+            out.extend(f"Dagster run failed: {line}" for line in self.dagster_failed)
         for line, count in self.unsupported.most_common(3):
             out.append(f"refused by the server by design x{count}: {line}")
         for line, count in self.unexpected_refusals.most_common(8):
@@ -701,6 +708,8 @@ def run(
                 workload.conn.close()
                 if dagster is not None:
                     report.dagster_runs = dagster.runs()
+                    report.dagster_share = dagster.share(url)
+                    report.dagster_failed = dagster.failed_runs()
                     if not dagster.alive():
                         report.divergences.append(
                             "the Dagster daemon exited: " + dagster.tail(400).replace("\n", " | ")
@@ -742,12 +751,8 @@ def _checks(conn: Connection, report: Report, harness: Harness) -> list[str]:
     out += replacements.checks(conn)
     out += judge_errors(report.worker_errors)
     out += [f"write refused: {line}" for line in report.unexpected_refusals]
-    if report.daemon and not report.restarts:
-        out += [
-            f"Dagster: {count} {what} runs"
-            for what, count in report.dagster_runs.items()
-            if what.endswith("FAILURE")
-        ]
+    if report.daemon:
+        out += dagster_divergences(report.dagster_share, report.dagster_failed, harness.faults)
     out += bounds(report)
     out += unexercised(report, harness.server.restartable)
     for secret, what in ((API_KEY, "the TMDb key"), (WRONG_KEY, "a rejected key")):

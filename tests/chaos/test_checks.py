@@ -704,7 +704,7 @@ def test_a_claim_at_an_inactive_library_is_seen(conn: Connection) -> None:
     )
     [request] = f.requests(conn, lib)
     assert invariants.inactive_claims(conn, margin_seconds=0) == [
-        f"request {request['id']}: claimed while library {lib} was inactive"
+        f"request {request['id']}: claimed by inventory_pipeline while library {lib} was inactive"
     ]
 
 

@@ -57,6 +57,14 @@ def test_a_share_under_its_minimum_fails() -> None:
     assert len(dagster_divergences({}, [], [], MINIMUMS)) == len(MINIMUMS)
 
 
+def test_the_configured_minimums_pass_the_least_measured_run_and_fail_an_idle_daemon() -> None:
+    least = {ACKS: 11, PUBLICATIONS: 8, REVALIDATIONS: 0}  # config.DAGSTER_MIN_SHARE's figures
+    assert dagster_divergences(least, [], []) == []
+    assert dagster_divergences({ACKS: 7, PUBLICATIONS: 0, REVALIDATIONS: 0}, [], []) == [
+        "Dagster: 0 stats publications by Dagster runs (minimum 1)"
+    ]
+
+
 def test_a_run_failed_outside_every_fault_fails() -> None:
     before, after = failed(990.0, 998.9), failed(1005.1, 1006.0)
     assert dagster_divergences(ENOUGH, [before, after], [RESTART], MINIMUMS, margin=1.0) == [
