@@ -217,9 +217,10 @@ CREATE TRIGGER chaos_publication_audit AFTER UPDATE ON user_stats_projection_run
 -- phase) and who took it: a batch run resumed under its token may be stepped by
 -- several processes in turn, never two at once (its row lock).
 -- A step of a live claim (from_phase claimed or computed) is the lease holder's: its
--- transaction declared the run's token (product_token) before the lease ended
--- (lease_until, the lease as it stood before the step), unless it is the expiry
--- recovery retiring a lapsed lease (error 'lease expired').
+-- transaction declared the run's token (product_token) and began (began_at, the clock
+-- the stages check the lease with) before the lease ended (lease_until, the lease as
+-- it stood before the step), unless it is the expiry recovery retiring a lapsed lease
+-- (error 'lease expired').
 CREATE TABLE chaos_stats_steps (
     seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
     run_id bigint NOT NULL,
@@ -232,7 +233,8 @@ CREATE TABLE chaos_stats_steps (
     lease_until timestamptz,
     product_token text NOT NULL
         DEFAULT coalesce(current_setting('inventory.stats_lease_token', true), ''),
-    error text
+    error text,
+    began_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE FUNCTION chaos_stats_step_audit() RETURNS trigger LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -339,9 +341,11 @@ CREATE TABLE chaos_item_completions (
 -- Credential wakeup releases: one row per released case, grouped into batches by the
 -- releasing transaction; xact_start is that transaction's start (the instant the
 -- spacing is measured from), released_at the event clock.
--- open_auth: the item held an open authentication case; own_kind: its library, of the
--- item's media kind, and the library's server were active; jitter_seconds: how long
--- after the release the item is due.
+-- open_auth: the item held an open authentication case; own_kind: its library is of the
+-- item's media kind; jitter_seconds: how long after the release the item is due. Whether
+-- the library and its server were active is judged from chaos_activity at the
+-- releasing statement's start (statement_at): a fresh read here could see a
+-- deactivation that committed after the release read the library.
 CREATE TABLE chaos_wakeup_releases (
     seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
     item_id bigint NOT NULL,
@@ -351,7 +355,10 @@ CREATE TABLE chaos_wakeup_releases (
     released_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     open_auth boolean,
     own_kind boolean,
-    jitter_seconds double precision
+    jitter_seconds double precision,
+    library_id bigint,
+    server_id bigint,
+    statement_at timestamptz NOT NULL DEFAULT statement_timestamp()
 );
 CREATE FUNCTION chaos_item_audit() RETURNS trigger LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -367,14 +374,14 @@ BEGIN
     IF NEW.recovery_wakeup_generation IS NOT NULL
        AND NEW.recovery_wakeup_generation IS DISTINCT FROM OLD.recovery_wakeup_generation THEN
         INSERT INTO chaos_wakeup_releases (item_id, generation, open_auth, own_kind,
-                                           jitter_seconds)
+                                           jitter_seconds, library_id, server_id)
         SELECT NEW.id, NEW.recovery_wakeup_generation,
                coalesce(OLD.recovery_category = 'auth', false)
                    AND OLD.recovery_resolved_at IS NULL,
-               coalesce((SELECT l.media_kind = NEW.provider_kind AND l.active AND m.active
-                         FROM libraries l JOIN media_servers m ON m.id = l.server_id
-                         WHERE l.id = NEW.library_id), false),
-               extract(epoch FROM NEW.observation_due_at - now());
+               coalesce(l.media_kind = NEW.provider_kind, false),
+               extract(epoch FROM NEW.observation_due_at - now()), NEW.library_id, l.server_id
+        FROM (SELECT 1) AS one
+        LEFT JOIN libraries l ON l.id = NEW.library_id;
     END IF;
     RETURN NULL;
 END $$;
@@ -529,9 +536,12 @@ CREATE CONSTRAINT TRIGGER chaos_activity_audit AFTER UPDATE OF active ON media_s
 
 -- Every stats lease granted (a run turning active: claimed or computed, its lease live,
 -- no retry pending), with the active leases counted as it was granted (itself
--- included), how many of those were granted before the cap last changed, and the cap.
+-- included), how many of those may have been granted under an earlier cap (their
+-- claiming statement began before the cap last changed, plus a second), and the cap.
 -- Leases granted under the current cap never outnumber it (a lowered cap lets the
--- leases above it run out).
+-- leases above it run out). A cap change is timed as it commits (a deferred trigger);
+-- a grant whose own statement began within a second of it (raced) may have read the
+-- older cap and is not judged.
 CREATE TABLE chaos_stats_cap_changes (
     cap integer NOT NULL,
     changed_at timestamptz NOT NULL DEFAULT clock_timestamp()
@@ -542,8 +552,8 @@ BEGIN
     INSERT INTO chaos_stats_cap_changes (cap) VALUES (NEW.active_lease_cap);
     RETURN NULL;
 END $$;
-CREATE TRIGGER chaos_stats_cap_audit AFTER UPDATE OF active_lease_cap
-    ON stats_projection_worker_settings
+CREATE CONSTRAINT TRIGGER chaos_stats_cap_audit AFTER UPDATE OF active_lease_cap
+    ON stats_projection_worker_settings DEFERRABLE INITIALLY DEFERRED
     FOR EACH ROW EXECUTE FUNCTION chaos_stats_cap_audit();
 CREATE TABLE chaos_stats_grants (
     seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
@@ -551,6 +561,8 @@ CREATE TABLE chaos_stats_grants (
     live integer NOT NULL,
     earlier integer NOT NULL,
     cap integer NOT NULL,
+    raced boolean NOT NULL,
+    statement_at timestamptz NOT NULL DEFAULT statement_timestamp(),
     granted_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE FUNCTION chaos_stats_active(r user_stats_projection_runs) RETURNS boolean
@@ -564,14 +576,18 @@ BEGIN
     IF chaos_stats_active(NEW)
        AND (TG_OP = 'INSERT' OR NOT chaos_stats_active(OLD)
             OR NEW.lease_token IS DISTINCT FROM OLD.lease_token) THEN
-        INSERT INTO chaos_stats_grants (run_id, live, earlier, cap)
+        INSERT INTO chaos_stats_grants (run_id, live, earlier, cap, raced)
         SELECT NEW.id, count(*),
-               count(*) FILTER (WHERE (SELECT max(g.granted_at) FROM chaos_stats_grants g
-                                       WHERE g.run_id = r.id AND r.id <> NEW.id)
-                                      < (SELECT max(c.changed_at) FROM chaos_stats_cap_changes c)),
-               (SELECT s.active_lease_cap FROM stats_projection_worker_settings s)
+               count(*) FILTER (WHERE r.id <> NEW.id
+                                  AND (SELECT max(g.statement_at) FROM chaos_stats_grants g
+                                       WHERE g.run_id = r.id)
+                                      < c.changed_at + interval '1 second'),
+               (SELECT s.active_lease_cap FROM stats_projection_worker_settings s),
+               coalesce(c.changed_at > statement_timestamp() - interval '1 second', false)
         FROM user_stats_projection_runs r
-        WHERE chaos_stats_active(r);
+        CROSS JOIN (SELECT max(changed_at) AS changed_at FROM chaos_stats_cap_changes) c
+        WHERE chaos_stats_active(r)
+        GROUP BY c.changed_at;
     END IF;
     RETURN NULL;
 END $$;

@@ -446,15 +446,15 @@ def recorded_errors(
 def stats_leases(conn: Connection) -> list[str]:
     """docs/training-stats.md#leases-and-the-cap: leases granted under the current cap never
     outnumber it; a step of a live claim is taken by its lease holder (its transaction
-    declared the run's token) before the lease ended, unless it is the expiry recovery
-    retiring a lapsed lease."""
+    declared the run's token and began before the lease ended: the clock the stages
+    check), unless it is the expiry recovery retiring a lapsed lease."""
     out = [
         f"stats run {r['run_id']}: granted a lease with {r['live']} active"
         f" ({r['earlier']} granted before the cap last changed), cap {r['cap']}"
         for r in fetch_all(
             conn,
             "SELECT run_id, live, earlier, cap FROM chaos_stats_grants"
-            " WHERE live - earlier > cap ORDER BY seq",
+            " WHERE NOT raced AND live - earlier > cap ORDER BY seq",
         )
     ]
     return out + [
@@ -467,27 +467,45 @@ def stats_leases(conn: Connection) -> list[str]:
             " FROM chaos_stats_steps"
             " WHERE from_phase IN ('claimed', 'computed')"
             " AND NOT (phase = 'failed' AND error = 'lease expired' AND at >= lease_until)"
-            " AND (product_token <> lease_token::text OR at >= lease_until)"
+            " AND (product_token <> lease_token::text OR began_at >= lease_until)"
             " ORDER BY seq",
         )
     ]
 
 
-def release_rules(conn: Connection, jitter: tuple[int, int] = (1, 60)) -> list[str]:
+def _inactive(kind: str, column: str, written: str) -> str:
+    """SQL: was the library or server in `column` inactive from the writing statement's
+    start (statement_at, less the margin) until its write (`written`)? Activity changes
+    are timed as they commit; a reactivation in that window raced the statement."""
+    since = "c.statement_at - make_interval(secs => %(margin)s)"
+    return (
+        f"coalesce((SELECT a.active IS FALSE FROM chaos_activity a WHERE a.kind = '{kind}'"
+        f" AND a.id = c.{column} AND a.at < {since} ORDER BY a.seq DESC LIMIT 1), false)"
+        f" AND NOT EXISTS (SELECT 1 FROM chaos_activity a WHERE a.kind = '{kind}'"
+        f" AND a.id = c.{column} AND a.at >= {since} AND a.at <= c.{written})"
+    )
+
+
+def release_rules(
+    conn: Connection, jitter: tuple[int, int] = (1, 60), margin_seconds: float = 1.0
+) -> list[str]:
     """docs/credentials.md#release: a verified key releases only open authentication
-    cases, each in an active library of its own media kind, due again after a jitter of
-    1-60 s."""
+    cases, each in an active library (of an active server) of its own media kind, due
+    again after a jitter of 1-60 s."""
     return [
         f"item {r['item_id']}: released {r['why']}"
         for r in fetch_all(
             conn,
             "SELECT item_id, CASE WHEN NOT open_auth THEN 'without an open authentication case'"
-            "  WHEN NOT own_kind THEN 'in an inactive library or one of another media kind'"
+            "  WHEN NOT own_kind THEN 'in a library of another media kind'"
+            "  WHEN library_inactive OR server_inactive THEN 'in an inactive library or server'"
             "  ELSE format('due after %%s s', round(jitter_seconds::numeric, 1)) END AS why"
-            " FROM chaos_wakeup_releases"
-            " WHERE NOT open_auth OR NOT own_kind"
+            f" FROM (SELECT c.*, {_inactive('library', 'library_id', 'released_at')}"
+            f"   AS library_inactive, {_inactive('server', 'server_id', 'released_at')}"
+            "   AS server_inactive FROM chaos_wakeup_releases c) r"
+            " WHERE NOT open_auth OR NOT own_kind OR library_inactive OR server_inactive"
             " OR jitter_seconds NOT BETWEEN %(low)s AND %(high)s ORDER BY seq",
-            {"low": jitter[0], "high": jitter[1]},
+            {"low": jitter[0], "high": jitter[1], "margin": margin_seconds},
         )
     ]
 
@@ -498,19 +516,11 @@ def inactive_claims(conn: Connection, margin_seconds: float = 1.0) -> list[str]:
     from its statement's start (its reads are no older) to its write: the claim broke
     the rule when its library or server had turned inactive `margin_seconds` before the
     statement began and stayed so until the write."""
-    inactive = (
-        "(SELECT a.active IS FALSE FROM chaos_activity a WHERE a.kind = '{kind}'"
-        " AND a.id = c.{column} AND a.at < c.statement_at - make_interval(secs => %(margin)s)"
-        " ORDER BY a.seq DESC LIMIT 1)"
-        " AND NOT EXISTS (SELECT 1 FROM chaos_activity a WHERE a.kind = '{kind}'"
-        " AND a.id = c.{column} AND a.at >= c.statement_at - make_interval(secs => %(margin)s)"
-        " AND a.at <= c.claimed_at)"
-    )
     rows = fetch_all(
         conn,
         "SELECT * FROM (SELECT c.seq, c.request_id, c.library_id, c.server_id, c.actor,"
-        f" {inactive.format(kind='library', column='library_id')} AS library_inactive,"
-        f" {inactive.format(kind='server', column='server_id')} AS server_inactive"
+        f" {_inactive('library', 'library_id', 'claimed_at')} AS library_inactive,"
+        f" {_inactive('server', 'server_id', 'claimed_at')} AS server_inactive"
         " FROM chaos_profile_claims c) q"
         " WHERE library_inactive OR server_inactive ORDER BY seq",
         {"margin": margin_seconds},

@@ -96,14 +96,20 @@ def chaos_diverges(root: Path, seconds: float, seed: int) -> bool:
     return result.returncode != 0
 
 
-def control(guards: Sequence[Guard]) -> None:
-    """The unmutated copy passes every test the guards name."""
+def control(guards: Sequence[Guard], chaos_seconds: float = 0.0, seed: int = 0) -> None:
+    """The unmutated copy passes every test the guards name, and the chaos run the
+    mutated copies get (a run that fails on its own, say a fault not exercised in a
+    short run, would score every guard as caught)."""
     tests = sorted({t for g in guards for t in g.tests})
     with tempfile.TemporaryDirectory(prefix="inventory-mutation-") as tmp:
         root = scratch_copy(Path(tmp))
         failed = failing_test(root, tests) if tests else None
         if failed is not None:
             raise SystemExit(f"the unmutated copy fails the guards' tests: {failed or tests}")
+        if chaos_seconds > 0 and chaos_diverges(root, chaos_seconds, seed):
+            raise SystemExit(
+                f"the unmutated copy diverges under chaos (seed {seed}, {chaos_seconds:g} s)"
+            )
 
 
 def judge(guard: Guard, chaos_seconds: float, seed: int) -> Verdict:
@@ -156,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.sample is not None:
         chosen = sample([g for g in chosen if g.shadowed_by is None], args.sample, args.key)
-    control(chosen)
+    control(chosen, args.chaos_seconds, args.seed)
     verdicts = []
     for guard in chosen:
         verdict = judge(guard, args.chaos_seconds, args.seed)

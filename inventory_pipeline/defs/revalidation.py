@@ -162,10 +162,12 @@ def replacement_proposals(
     return dg.MaterializeResult(
         metadata={
             **standing_view(inventory_db),
-            "checked": len(summary.results),
+            "checked": len(summary.results) - summary.count("error"),
             "proposed": summary.count("proposed"),
             "unproposed": summary.count("no_proposal"),
             "faults": summary.count("fault"),
+            # Given back unrecorded after a transient database error, due as they were.
+            "not_recorded": summary.count("error"),
             "reasons_this_run": dg.MetadataValue.json(summary.reasons),
         }
     )

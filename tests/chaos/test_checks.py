@@ -620,6 +620,7 @@ def test_leases_beyond_the_cap_are_seen_and_a_lowered_cap_lets_earlier_ones_run_
     assert stats_service.claim(conn, "c") is None  # the cap holds
     execute(conn, "UPDATE stats_projection_worker_settings SET active_lease_cap = 1")
     assert invariants.stats_leases(conn) == []  # two earlier leases run out: no divergence
+    time.sleep(1.1)  # past the second within which a claim may have read the older cap
     # A deliberate defect: the claim takes any free slot, not only those within the cap.
     cap = "WHERE l.slot <= st.active_lease_cap AND l.lease_until <= now()"
     row = fetch_one(conn, "SELECT pg_get_functiondef('stats_claim_stage'::regproc) AS d")
@@ -680,7 +681,7 @@ def test_a_release_of_the_wrong_case_or_with_the_wrong_jitter_is_seen(
             (due, item),
         )
     assert invariants.release_rules(conn) == [
-        f"item {wrong_kind}: released in an inactive library or one of another media kind",
+        f"item {wrong_kind}: released in a library of another media kind",
         f"item {plain}: released without an open authentication case",
         f"item {case}: released due after 7200.0 s",
     ]
@@ -714,4 +715,40 @@ def test_more_arrivals_in_a_second_than_the_admission_rate_allows_are_seen() -> 
     assert admission_rate(Counter({100: limit + 1})) == [
         f"{limit + 1} requests reached the provider in one second"
         f" (admission rate {ADMISSION_RATE}/s)"
+    ]
+
+
+def test_an_activity_change_is_timed_as_it_commits(conn: Connection, db_url: str) -> None:
+    """A deactivation whose transaction runs on is not in force before its commit: a
+    claim meanwhile read the library active."""
+    _audited(conn)
+    lib = f.library(conn)
+    with connect(db_url) as other:
+        with other.transaction():
+            execute(other, "UPDATE libraries SET active = false WHERE id = %s", (lib,))
+            time.sleep(0.3)
+            before_commit = fetch_one(other, "SELECT clock_timestamp() AS t")
+    row = fetch_one(conn, "SELECT at FROM chaos_activity WHERE id = %s", (lib,))
+    assert before_commit is not None and row is not None and row["at"] >= before_commit["t"]
+
+
+def test_a_claim_a_reactivation_raced_is_not_a_divergence(conn: Connection) -> None:
+    """Inactive before the claiming statement began, active again before its write: the
+    statement may have read it active."""
+    _audited(conn)
+    execute(
+        conn,
+        "INSERT INTO chaos_activity (kind, id, active, at) VALUES"
+        " ('library', 7, false, now() - interval '10 s'),"
+        " ('library', 7, true, now() - interval '2 s')",
+    )
+    claim = (
+        "INSERT INTO chaos_profile_claims (request_id, library_id, lease_token, attempt,"
+        " lease_expires_at, server_id, statement_at, claimed_at) VALUES (%s, 7,"
+        " gen_random_uuid(), 1, now(), 1, now() - %s::interval, now() - %s::interval)"
+    )
+    execute(conn, claim, (1, "3 s", "1 s"))  # the reactivation inside: raced
+    execute(conn, claim, (2, "5 s", "4 s"))  # inactive throughout: a divergence
+    assert invariants.inactive_claims(conn) == [
+        "request 2: claimed by inventory_pipeline while library 7 was inactive"
     ]

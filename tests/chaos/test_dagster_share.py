@@ -16,7 +16,6 @@ from chaos.config import (
     DAEMON_ENV,
     DAEMON_STOPPED_SENSORS,
     DAGSTER_MIN_SHARE,
-    REVALIDATIONS_PER_HOUR,
 )
 from chaos.daemon import (
     ACKS,
@@ -91,13 +90,11 @@ def test_a_failed_run_line_names_job_run_span_and_error() -> None:
 def test_the_config_names_what_is_counted_and_the_product_reads_it() -> None:
     assert set(DAGSTER_MIN_SHARE) <= set(SHARE_KINDS)
     settings = Settings.from_env(DAEMON_ENV)
-    assert settings.revalidations_per_hour == REVALIDATIONS_PER_HOUR
     assert settings.policy.lease_seconds == int(DAEMON_ENV["INVENTORY_LEASE_SECONDS"])
     from inventory_pipeline.definitions import defs
 
     sensors = {s.name for s in defs.sensors or ()}
     assert set(DAEMON_STOPPED_SENSORS) < sensors
-    assert "identity_revalidation_sensor" in sensors - set(DAEMON_STOPPED_SENSORS)
 
 
 @dg.op
