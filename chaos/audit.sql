@@ -491,9 +491,9 @@ CREATE FUNCTION chaos_recorded_error_audit() RETURNS trigger LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     IF TG_TABLE_NAME = 'profile_refresh_requests' THEN
-        IF NEW.last_error IS NOT NULL AND (NEW.last_error, NEW.last_error_sqlstate, NEW.attempts,
-                NEW.status) IS DISTINCT FROM (OLD.last_error, OLD.last_error_sqlstate,
-                                              OLD.attempts, OLD.status) THEN
+        -- A claim that ended without success: a failed attempt or an expired lease.
+        IF OLD.status = 'running' AND NEW.status IN ('pending', 'failed')
+           AND NEW.last_error IS NOT NULL THEN
             INSERT INTO chaos_recorded_errors (path, sqlstate, error)
             VALUES ('profile refresh attempt', NEW.last_error_sqlstate, NEW.last_error);
         END IF;
@@ -565,6 +565,8 @@ CREATE TABLE chaos_stats_grants (
     statement_at timestamptz NOT NULL DEFAULT statement_timestamp(),
     granted_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+-- The product's stats_run_is_active, on the event clock: that one compares with now(),
+-- the transaction's start, which a long transaction would hold back.
 CREATE FUNCTION chaos_stats_active(r user_stats_projection_runs) RETURNS boolean
 LANGUAGE sql VOLATILE AS $$
     SELECT r.phase IN ('claimed', 'computed') AND r.lease_until > clock_timestamp()

@@ -839,7 +839,8 @@ def _chaos(
                             harness.kill_claim_holder(admin, sigkill)
                     except DatabaseError:
                         admin.close()  # the server restarting: the next one reconnects
-            owed = {k for k in owed if not exercised(harness.report)[k]}
+            if owed:
+                owed = {k for k in owed if not exercised(harness.report)[k]}
             if op in restarts:
                 harness.restart_server()
             harness.restart_exited()
