@@ -52,7 +52,7 @@ from inventory_pipeline.settings import (
 from inventory_pipeline.stats import maintenance as stats_maintenance
 from inventory_pipeline.stats import runbook as stats_runbook
 from inventory_pipeline.stats import service as stats
-from inventory_pipeline.stats.models import WorkerSettings
+from inventory_pipeline.stats.models import DrainSummary, WorkerSettings
 from inventory_pipeline.stats.service import MAX_ROUNDS as STATS_DRAIN_ROUNDS
 from inventory_pipeline.supervisor import (
     Children,
@@ -224,13 +224,25 @@ def _stats_parser(sub: Subparsers) -> None:
         "drain",
         "claim, compute and publish once, without Dagster",
         "Claim, compute and publish queued stats work in this process, without Dagster,\n"
-        "until no work is claimable or --rounds claims are spent. Exits 1 when a job\n"
-        "failed.",
-        ["stats drain", "stats drain --rounds 10"],
+        "until no work is claimable or --rounds claims are spent. With --idle it stays:\n"
+        "it waits for the database to announce new work and drains again, until nothing\n"
+        "was claimed for that many seconds or --lifetime passed, printing a line for\n"
+        "what it did at most every 30 s. Exits 1 when a job failed.",
+        ["stats drain", "stats drain --rounds 10", "stats drain --idle 600"],
         _stats_drain,
     )
     drain.add_argument(
-        "--rounds", type=_count, default=STATS_DRAIN_ROUNDS, help="claims to process"
+        "--rounds", type=_count, default=STATS_DRAIN_ROUNDS, help="claims a pass makes at most"
+    )
+    drain.add_argument(
+        "--idle", type=_count, metavar="SECONDS", help="stay while work came within SECONDS"
+    )
+    drain.add_argument(
+        "--lifetime",
+        type=_count,
+        default=3600,
+        metavar="SECONDS",
+        help="with --idle, end after SECONDS in any case (default 3600)",
     )
 
 
@@ -661,16 +673,37 @@ def _stats_retry(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _stats_drain(args: argparse.Namespace, settings: Settings) -> int:
-    with reach(settings) as deployment, connect(deployment.app_url) as conn:
-        summary = stats.drain(conn, "cli", max_rounds=args.rounds)
-        paused = stats.work_waiting(conn).paused
-    print(
+def _drain_line(summary: DrainSummary) -> str:
+    return (
         f"published {len(summary.published)} generations, "
         f"{summary.deferred} deferred, {summary.rejected} rejected, "
         f"{summary.failed} failed, {summary.lost} lost, {summary.interrupted} interrupted"
-        + ("; the worker is paused" if paused else "")
     )
+
+
+def _stats_drain(args: argparse.Namespace, settings: Settings) -> int:
+    with reach(settings) as deployment, connect(deployment.app_url) as conn:
+        if args.idle is None:
+            summary = stats.drain(conn, "cli", max_rounds=args.rounds)
+        else:
+            reports: list[DrainSummary] = []
+
+            def report(done: DrainSummary) -> None:
+                reports.append(done)
+                print(_drain_line(done), flush=True)
+
+            end = stats.keep_draining(
+                conn,
+                "cli",
+                idle_seconds=args.idle,
+                lifetime_seconds=args.lifetime,
+                report=report,
+                max_rounds=args.rounds,
+            )
+            summary = sum(reports, DrainSummary(()))
+            print(f"ended: {'lifetime over' if end == 'lifetime' else 'idle'}; in all:", end=" ")
+        paused = stats.work_waiting(conn).paused
+    print(_drain_line(summary) + ("; the worker is paused" if paused else ""))
     return 0 if summary.failed == 0 else 1
 
 

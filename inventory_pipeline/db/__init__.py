@@ -13,9 +13,11 @@ from inventory_pipeline.db.connection import (
     fetch_tuples,
     in_transaction,
     jsonb,
+    listen,
     savepoint,
     snapshot,
     transaction,
+    wait_for_notify,
 )
 from inventory_pipeline.db.errors import (
     TRANSIENT,
@@ -65,7 +67,9 @@ __all__ = [
     "fetch_tuples",
     "in_transaction",
     "jsonb",
+    "listen",
     "savepoint",
     "snapshot",
     "transaction",
+    "wait_for_notify",
 ]

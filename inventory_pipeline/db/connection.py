@@ -306,6 +306,28 @@ def execute(conn: Connection, query: str, params: Params = None) -> int:
         return conn.execute(query, params).rowcount
 
 
+def listen(conn: Connection, channel: str) -> None:
+    """Subscribe the session to `channel` (a fixed identifier). The connection must stay
+    out of transactions between statements: notifications arrive only there."""
+    with translate_errors():
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+
+
+def wait_for_notify(conn: Connection, timeout: float) -> bool:
+    """Wait up to `timeout` seconds for a notification on a channel the session listens
+    on; True when one came. Notifications that arrived while the session ran other
+    statements count (the driver keeps them), and every one waiting is consumed, so one
+    wakeup answers for all of them."""
+    woke = False
+    with translate_errors():
+        for _ in conn.notifies(timeout=max(0.0, timeout), stop_after=1):
+            woke = True
+        if woke:
+            for _ in conn.notifies(timeout=0):
+                pass
+    return woke
+
+
 def execute_script(conn: Connection, script: str) -> None:
     """Run a multi-statement script (migrations): simple protocol, no parameters."""
     with translate_errors():

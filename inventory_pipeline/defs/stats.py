@@ -58,10 +58,25 @@ period_stats = dg.AssetSpec(
 
 
 class DrainConfig(dg.Config):
-    """The drain's round budget (one round: a claim, then its compute steps and
-    publication)."""
+    """A pass claims at most `max_rounds` (a claim, then its compute steps and
+    publication). With `idle_seconds` above 0 the drain stays alive: it waits for the
+    database's notification of new work and drains again, until nothing was claimed for
+    `idle_seconds` or `lifetime_seconds` have passed."""
 
     max_rounds: int = service.MAX_ROUNDS
+    idle_seconds: float = 0.0
+    lifetime_seconds: float = 3600.0
+
+
+# What the sensor launches: a drain kept alive while saves keep coming, so a save is
+# published within a second instead of a sensor tick and a run start later. An idle
+# deployment starts no run (the sensor launches only for waiting work), and a busy one
+# about one an hour. See docs/training-stats.md#freshness.
+KEPT_ALIVE = DrainConfig(idle_seconds=600.0, lifetime_seconds=3600.0)
+MAX_RUNTIME_TAG = "dagster/max_runtime"
+# Run monitoring ends a kept-alive drain that outlived its lifetime by this much (its
+# worker died unseen, or hangs), so the sensor can launch the next one.
+OUTLIVED_SECONDS = 300
 
 
 PUBLISHED_ROWS = 50  # generations listed in the PR overview's table; the counts cover all
@@ -106,27 +121,47 @@ def pr_overview_metadata(
 def drain_stats(
     context: dg.AssetExecutionContext, config: DrainConfig, inventory_db: InventoryDatabase
 ) -> Iterator[dg.MaterializeResult[None]]:
-    """Claim -> compute -> publish within a bounded round budget (the drain policy, one
-    more pass when work arrived meanwhile, lives in the stats package). The projections
-    are materialized when the drain published something; the run's log says what it did
-    either way."""
-    budget = config.max_rounds
-    if budget < 1:
-        raise dg.Failure(f"max_rounds must be at least 1, got {budget}")
+    """Claim -> compute -> publish, pass after pass while the drain is kept alive (the
+    drain policy lives in the stats package). The projections are materialized with what
+    was published, as it is published (at most every half minute, and at the end); the
+    run's log says what the drain did either way."""
+    if config.max_rounds < 1:
+        raise dg.Failure(f"max_rounds must be at least 1, got {config.max_rounds}")
+    if config.idle_seconds < 0 or config.lifetime_seconds <= 0:
+        raise dg.Failure(
+            "idle_seconds must be at least 0 and lifetime_seconds above 0, got "
+            f"{config.idle_seconds} and {config.lifetime_seconds}"
+        )
     owner = f"dagster:{context.run_id[:8]}"
     with inventory_db.connection() as conn:
-        summary = service.drain(conn, owner, max_rounds=budget)
-        if summary.published:
-            status = service.worker_status(conn)
-            rollover = maintenance.rollover_overview(conn)
-    metadata = summary.as_metadata()
-    context.log.info("drained: " + ", ".join(f"{v} {k}" for k, v in metadata.items()))
-    if summary.published:
-        for key in (EXERCISE_STATS, PERIOD_STATS):
-            yield dg.MaterializeResult(asset_key=key, metadata=metadata)
-        yield dg.MaterializeResult(
-            asset_key=PR_OVERVIEW, metadata=pr_overview_metadata(summary, status, rollover)
+
+        def report(summary: DrainSummary) -> None:
+            metadata = summary.as_metadata()
+            context.log.info("drained: " + ", ".join(f"{v} {k}" for k, v in metadata.items()))
+            if not summary.published:
+                return
+            overview = pr_overview_metadata(
+                summary, service.worker_status(conn), maintenance.rollover_overview(conn)
+            )
+            for key in (EXERCISE_STATS, PERIOD_STATS):
+                context.log_event(dg.AssetMaterialization(asset_key=key, metadata=metadata))
+            context.log_event(dg.AssetMaterialization(asset_key=PR_OVERVIEW, metadata=overview))
+
+        end = service.keep_draining(
+            conn,
+            owner,
+            idle_seconds=config.idle_seconds,
+            lifetime_seconds=config.lifetime_seconds,
+            report=report,
+            max_rounds=config.max_rounds,
         )
+    if end == "lifetime":
+        context.log.info("drain ended: its lifetime is over; the sensor starts the next one")
+    elif config.idle_seconds:
+        context.log.info(f"drain ended: nothing claimed for {config.idle_seconds:g} s")
+    else:
+        context.log.info("drain ended: nothing left to claim")
+    yield from ()
 
 
 stats_drain = dg.define_asset_job(
@@ -142,7 +177,8 @@ stats_drain = dg.define_asset_job(
     job=stats_drain,
     minimum_interval_seconds=5,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Launches a drain when stats work waits and no drain is active.",
+    description="Launches a drain, kept alive while work keeps coming, when stats work "
+    "waits and no drain is active.",
 )
 @logged
 def stats_refresh_sensor(
@@ -161,7 +197,11 @@ def stats_refresh_sensor(
         return dg.SkipReason(f"{work.claimable} waiting; a drain is already active")
     launch = int(context.cursor or "0") + 1
     context.update_cursor(str(launch))
-    return dg.RunRequest(run_key=f"stats-drain-{launch}")
+    return dg.RunRequest(
+        run_key=f"stats-drain-{launch}",
+        run_config=dg.RunConfig(ops={"drain_stats": KEPT_ALIVE}),
+        tags={MAX_RUNTIME_TAG: str(int(KEPT_ALIVE.lifetime_seconds) + OUTLIVED_SECONDS)},
+    )
 
 
 class ControlAction(enum.Enum):

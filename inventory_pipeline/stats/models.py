@@ -156,6 +156,16 @@ class DrainSummary:
             + self.interrupted
         )
 
+    def __add__(self, other: DrainSummary) -> DrainSummary:
+        return DrainSummary(
+            self.published + other.published,
+            self.deferred + other.deferred,
+            self.rejected + other.rejected,
+            self.failed + other.failed,
+            self.lost + other.lost,
+            self.interrupted + other.interrupted,
+        )
+
     def as_metadata(self) -> dict[str, Any]:
         return {
             "users": len({u for u, _, _ in self.published}),

@@ -15,6 +15,8 @@ from inventory_pipeline.db import (
     fetch_one,
     fetch_one_armed,
     in_transaction,
+    listen,
+    wait_for_notify,
 )
 from inventory_pipeline.db.queries import load_queries
 from inventory_pipeline.stats.models import (
@@ -169,6 +171,21 @@ def publish_pr_window(conn: Connection, user_id: UUID, generation: int) -> None:
 
 def remaining_users(conn: Connection, user_id: UUID | None = None) -> int:
     return int(_one(conn, "remaining_users", {"user_id": user_id})["users"])
+
+
+# The channel the database notifies when stats work may have become claimable (the
+# triggers calling stats_notify_work).
+WORK_CHANNEL = "stats_work"
+
+
+def listen_for_work(conn: Connection) -> None:
+    listen(conn, WORK_CHANNEL)
+
+
+def wait_for_work(conn: Connection, timeout: float) -> bool:
+    """Wait up to `timeout` seconds for a statement that may have made work claimable;
+    True when one committed (or did since the last wait)."""
+    return wait_for_notify(conn, timeout)
 
 
 def waiting_work(conn: Connection) -> WorkWaiting:

@@ -883,6 +883,16 @@ AS $function$
         updated_at = now()
 $function$;
 
+CREATE FUNCTION stats_notify_work()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    PERFORM pg_notify('stats_work', '');
+    RETURN NULL;
+END
+$function$;
+
 CREATE FUNCTION stats_owe_failed_range()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -1981,6 +1991,9 @@ CREATE TRIGGER exercises_log_change AFTER INSERT OR DELETE OR UPDATE ON exercise
 CREATE TRIGGER user_exercise_stats_refresh_jobs_owe_failed AFTER UPDATE OF status ON user_exercise_stats_refresh_jobs FOR EACH ROW WHEN (((new.status)::text = 'failed'::text)) EXECUTE FUNCTION stats_owe_failed_range();
 CREATE TRIGGER user_stats_projection_runs_mirror_lease AFTER UPDATE OF phase, lease_until, retry_not_before ON user_stats_projection_runs FOR EACH ROW EXECUTE FUNCTION stats_mirror_lease();
 CREATE TRIGGER stats_projection_worker_settings_fit_slots AFTER UPDATE OF active_lease_cap ON stats_projection_worker_settings FOR EACH ROW EXECUTE FUNCTION stats_fit_lease_slots();
+CREATE TRIGGER stats_projection_worker_settings_notify AFTER UPDATE ON stats_projection_worker_settings FOR EACH STATEMENT EXECUTE FUNCTION stats_notify_work();
+CREATE TRIGGER user_exercise_stats_refresh_jobs_notify_enqueued AFTER INSERT ON user_exercise_stats_refresh_jobs FOR EACH STATEMENT EXECUTE FUNCTION stats_notify_work();
+CREATE TRIGGER user_exercise_stats_refresh_jobs_notify_ended AFTER UPDATE OF status ON user_exercise_stats_refresh_jobs FOR EACH ROW WHEN (((old.status)::text = 'processing'::text) AND ((new.status)::text <> 'processing'::text)) EXECUTE FUNCTION stats_notify_work();
 
 -- == Who may call and read what =========================================================
 
@@ -2012,6 +2025,7 @@ REVOKE ALL ON FUNCTION
     stats_merge_exercise_ids(p_a text[], p_b text[]),
     stats_owe_range(p_user_id uuid, p_from_date date, p_exercise_ids text[], p_job_id bigint),
     stats_owe_failed_range(),
+    stats_notify_work(),
     stats_run_is_active(p_phase text, p_lease_until timestamp with time zone, p_retry_not_before timestamp with time zone),
     stats_caller_is_application(),
     stats_user_is_stale(p_user_id uuid),

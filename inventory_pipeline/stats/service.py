@@ -12,6 +12,8 @@ claim's recovery takes it back when the lease lapses; any other one is raised.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any, Literal
 from uuid import UUID
 
@@ -38,6 +40,7 @@ __all__ = [
     "claim",
     "compute",
     "drain",
+    "keep_draining",
     "process",
     "process_one_account",
     "process_user",
@@ -115,6 +118,60 @@ def drain(conn: Connection, lock_owner: str, max_rounds: int = MAX_ROUNDS) -> Dr
         else:
             counts[result.outcome] += 1
     return DrainSummary(tuple(published), **counts)
+
+
+# A drain kept alive looks for work at least this often while it waits: work that
+# becomes claimable with time alone (a retry's backoff ending, a dead worker's lease
+# lapsing) sends no notification. One claim every few seconds keeps an idle drain well
+# under one query a second.
+RECHECK_SECONDS = 5.0
+# A drain kept alive hands what it did to its reporter at most this often (and at its end).
+REPORT_SECONDS = 30.0
+
+DrainEnd = Literal["idle", "lifetime"]
+
+
+def keep_draining(
+    conn: Connection,
+    lock_owner: str,
+    *,
+    idle_seconds: float,
+    lifetime_seconds: float,
+    report: Callable[[DrainSummary], None],
+    max_rounds: int = MAX_ROUNDS,
+    report_seconds: float = REPORT_SECONDS,
+    recheck_seconds: float = RECHECK_SECONDS,
+) -> DrainEnd:
+    """Drain, then sleep until the database notifies that work may have become claimable
+    (or `recheck_seconds` pass) and drain again; end once nothing was claimed for
+    `idle_seconds` or `lifetime_seconds` have passed. Each pass claims at most
+    `max_rounds`. What the drain did reaches `report` at most every `report_seconds`
+    and at the end. A notification only wakes the drain: the claim decides what it may
+    take, so a missed or extra notification changes when a claim is tried, nothing else.
+    While the worker is paused nothing is claimed, so the drain ends idle unless resumed
+    (a settings change notifies)."""
+    repo.listen_for_work(conn)
+    started = last_claim = last_report = time.monotonic()
+    unreported = DrainSummary(())
+    while True:
+        passed = drain(conn, lock_owner, max_rounds)
+        unreported += passed
+        now = time.monotonic()
+        if passed.rounds:
+            last_claim = now
+        end: DrainEnd | None = None
+        if now - started >= lifetime_seconds:
+            end = "lifetime"
+        elif now - last_claim >= idle_seconds:
+            end = "idle"
+        if unreported.rounds and (end or now - last_report >= report_seconds):
+            report(unreported)
+            unreported, last_report = DrainSummary(()), now
+        if end:
+            return end
+        if passed.rounds < max_rounds:  # a spent pass leaves work claimable: no wait
+            left = min(lifetime_seconds - (now - started), idle_seconds - (now - last_claim))
+            repo.wait_for_work(conn, min(recheck_seconds, left))
 
 
 def work_waiting(conn: Connection) -> WorkWaiting:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import date
@@ -122,3 +124,56 @@ def test_worker_control_job(conn: Connection, db_url: str, instance: dg.DagsterI
         assert not failed.success
     with pytest.raises(dg.DagsterInvalidConfigError):
         control(action="explode")
+
+
+def test_the_sensor_launches_a_drain_kept_alive_and_bounded(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    db = InventoryDatabase(url=db_url)
+    sf.exercise(conn, "squat")
+    sf.save(conn, uuid.uuid4(), date(2026, 3, 10), sf.sets(("squat", 100, 5)))
+    context = dg.build_sensor_context(instance=instance, resources={"inventory_db": db})
+    request = stats_defs.stats_refresh_sensor(context)
+    assert isinstance(request, dg.RunRequest)
+    config = request.run_config["ops"]["drain_stats"]["config"]
+    assert config["idle_seconds"] > 0 and config["lifetime_seconds"] > 0
+    # Run monitoring ends a drain that outlives its lifetime (its worker died unseen).
+    assert float(request.tags["dagster/max_runtime"]) > config["lifetime_seconds"]
+
+
+def test_a_drain_kept_alive_publishes_and_materializes_work_saved_while_it_waits(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    db = InventoryDatabase(url=db_url)
+    sf.exercise(conn, "squat")
+    early, late = uuid.uuid4(), uuid.uuid4()
+    sf.save(conn, early, date(2026, 3, 10), sf.sets(("squat", 100, 5)))
+    results: list[dg.ExecuteInProcessResult] = []
+    run = threading.Thread(
+        target=lambda: results.append(
+            defs.resolve_job_def("stats_drain").execute_in_process(
+                instance=instance,
+                resources={"inventory_db": db},
+                run_config={"ops": {"drain_stats": {"config": {"idle_seconds": 3}}}},
+            )
+        )
+    )
+    run.start()
+    deadline = time.monotonic() + 60
+    while sf.versions(conn, early) != (1, 1):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    sf.save(conn, late, date(2026, 3, 10), sf.sets(("squat", 90, 5)))  # while it waits
+    run.join(120)
+    (result,) = results
+    assert result.success
+    assert sf.versions(conn, late) == (1, 1)
+    published = {
+        r.data["user"]
+        for e in result.get_asset_materialization_events()
+        if e.asset_key == stats_defs.PR_OVERVIEW
+        for r in e.step_materialization_data.materialization.metadata["published"].value.records  # type: ignore[attr-defined]
+    }
+    assert published == {str(early), str(late)}
+    logged = [entry.user_message for entry in instance.all_logs(result.run_id)]
+    assert "drain ended: nothing claimed for 3 s" in logged

@@ -122,6 +122,15 @@ def test_cli_runbook(command: Run, conn: Connection, user: uuid.UUID) -> None:
     code, out, _ = run("drain")
     assert code == 0 and out.startswith("published 1 generations")
     assert sf.versions(conn, user) == (1, 1)
+    sf.save(conn, user, D, sf.sets(("squat", 110, 5)))
+    code, out, _ = run("drain", "--idle", "1")
+    assert code == 0
+    assert out.splitlines() == [
+        "published 1 generations, 0 deferred, 0 rejected, 0 failed, 0 lost, 0 interrupted",
+        "ended: idle; in all: published 1 generations, 0 deferred, 0 rejected, 0 failed,"
+        " 0 lost, 0 interrupted",
+    ]
+    assert sf.versions(conn, user) == (2, 2)
 
 
 def test_cli_retry(command: Run, conn: Connection, user: uuid.UUID) -> None:
@@ -142,6 +151,8 @@ def test_cli_retry(command: Run, conn: Connection, user: uuid.UUID) -> None:
         (["settings", "--compute-seconds", "nan"], "must be a number of seconds", 2),
         (["settings", "--active-leases", "0"], "must be a positive whole number", 2),
         (["settings", "--backoff-seconds", "99999999999"], "must be a whole number", 2),
+        (["drain", "--idle", "0"], "must be a positive whole number", 2),
+        (["drain", "--idle", "5", "--lifetime", "x"], "must be a positive whole number", 2),
     ],
 )
 def test_cli_runbook_errors_are_one_line(

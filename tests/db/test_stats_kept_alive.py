@@ -1,0 +1,205 @@
+"""A drain kept alive: it sleeps on LISTEN, the database notifies each statement that can
+make stats work claimable, and the claim still decides. The drains run in threads on
+connections of their own, against real PostgreSQL. A drain listens before its first
+pass, so work saved before it listened is claimed by that pass, not missed."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import date
+
+import pytest
+
+from inventory_pipeline.db import Connection, connect, execute, wait_for_notify
+from inventory_pipeline.stats import rebuild, runbook, service
+from inventory_pipeline.stats import repository as repo
+from inventory_pipeline.stats.models import DrainSummary
+from tests import stats_factories as sf
+
+SESSION = date(2026, 3, 10)
+
+
+class KeptAlive:
+    """`keep_draining` in a thread; what it reported and how it ended."""
+
+    def __init__(self, url: str, **limits: float) -> None:
+        self.reports: list[DrainSummary] = []
+        self.end: str | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(url, limits), daemon=True)
+        self._thread.start()
+
+    def _run(self, url: str, limits: dict[str, float]) -> None:
+        try:
+            with connect(url) as conn:
+                self.end = service.keep_draining(
+                    conn, "kept-alive", report=self.reports.append, **limits
+                )
+        except BaseException as exc:
+            self.error = exc
+
+    def join(self, timeout: float = 60) -> str:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the drain did not end"
+        if self.error is not None:
+            raise self.error
+        assert self.end is not None
+        return self.end
+
+    @property
+    def published(self) -> list[tuple[uuid.UUID, int, int]]:
+        return [p for summary in self.reports for p in summary.published]
+
+
+def until(condition: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not within the timeout"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def kept_alive(db_url: str) -> Iterator[Callable[..., KeptAlive]]:
+    started: list[KeptAlive] = []
+
+    def start(**limits: float) -> KeptAlive:
+        drain = KeptAlive(db_url, **limits)
+        started.append(drain)
+        return drain
+
+    yield start
+    for drain in started:
+        drain._thread.join(60)
+
+
+def test_a_save_wakes_a_waiting_drain_which_publishes_it(
+    conn: Connection, kept_alive: Callable[..., KeptAlive]
+) -> None:
+    """Nothing but the save's notification can wake it: its recheck is an hour away."""
+    sf.exercise(conn, "squat")
+    drain = kept_alive(idle_seconds=4, lifetime_seconds=120, recheck_seconds=3600)
+    time.sleep(0.5)  # the drain found nothing and waits
+    user = uuid.uuid4()
+    sf.save(conn, user, SESSION, sf.sets(("squat", 100, 5)))
+    until(lambda: sf.versions(conn, user) == (1, 1), timeout=3)
+    second = uuid.uuid4()
+    sf.save(conn, second, SESSION, sf.sets(("squat", 80, 5)))
+    until(lambda: sf.versions(conn, second) == (1, 1), timeout=3)
+    assert drain.join() == "idle"
+    assert sorted(u for u, _, _ in drain.published) == sorted([user, second])
+
+
+def test_work_no_statement_announced_is_found_on_the_recheck(
+    conn: Connection, kept_alive: Callable[..., KeptAlive]
+) -> None:
+    """A job enqueued without a notification (the trigger off, as for work that becomes
+    claimable with time alone) is claimed at the next recheck."""
+    sf.exercise(conn, "squat")
+    execute(
+        conn,
+        "ALTER TABLE user_exercise_stats_refresh_jobs"
+        " DISABLE TRIGGER user_exercise_stats_refresh_jobs_notify_enqueued",
+    )
+    drain = kept_alive(idle_seconds=3, lifetime_seconds=120, recheck_seconds=0.2)
+    time.sleep(0.3)
+    user = uuid.uuid4()
+    sf.save(conn, user, SESSION, sf.sets(("squat", 100, 5)))
+    until(lambda: sf.versions(conn, user) == (1, 1), timeout=10)
+    assert drain.join() == "idle"
+
+
+def test_an_idle_drain_ends_and_reports_what_it_did_once(
+    conn: Connection, kept_alive: Callable[..., KeptAlive]
+) -> None:
+    sf.exercise(conn, "squat")
+    users = [uuid.uuid4() for _ in range(3)]
+    for user in users:
+        sf.save(conn, user, SESSION, sf.sets(("squat", 100, 5)))
+    drain = kept_alive(idle_seconds=1, lifetime_seconds=120)
+    assert drain.join() == "idle"
+    # One report: the publications came within the report interval of each other.
+    assert len(drain.reports) == 1
+    assert sorted(u for u, _, _ in drain.published) == sorted(users)
+
+
+def test_a_drain_ends_at_its_lifetime_though_work_keeps_coming(
+    conn: Connection, kept_alive: Callable[..., KeptAlive]
+) -> None:
+    sf.exercise(conn, "squat")
+    drain = kept_alive(idle_seconds=60, lifetime_seconds=2, report_seconds=0.5)
+    deadline = time.monotonic() + 30
+    while drain._thread.is_alive() and time.monotonic() < deadline:
+        sf.save(conn, uuid.uuid4(), SESSION, sf.sets(("squat", 100, 5)))
+        time.sleep(0.1)
+    assert drain.join() == "lifetime"
+    # Reported as it went, not only at the end.
+    assert len(drain.reports) >= 2 and drain.published
+
+
+def test_a_paused_drain_claims_nothing_and_resumes_when_notified(
+    conn: Connection, kept_alive: Callable[..., KeptAlive]
+) -> None:
+    sf.exercise(conn, "squat")
+    runbook.pause(conn)
+    drain = kept_alive(idle_seconds=6, lifetime_seconds=120, recheck_seconds=3600)
+    user = uuid.uuid4()
+    sf.save(conn, user, SESSION, sf.sets(("squat", 100, 5)))
+    time.sleep(1)
+    assert sf.versions(conn, user) == (1, 0)
+    runbook.resume(conn)  # the settings change notifies
+    until(lambda: sf.versions(conn, user) == (1, 1), timeout=3)
+    assert drain.join() == "idle"
+
+
+def test_the_database_notifies_each_statement_that_can_make_work_claimable(
+    conn: Connection, db_url: str
+) -> None:
+    sf.exercise(conn, "squat")
+    user = uuid.uuid4()
+    with connect(db_url) as listener:
+        repo.listen_for_work(listener)
+
+        def notified() -> bool:
+            return wait_for_notify(listener, 2)
+
+        def quiet() -> bool:
+            return not wait_for_notify(listener, 0.2)
+
+        saved = sf.save(conn, user, SESSION, sf.sets(("squat", 100, 5)))
+        assert notified(), "a save"
+        assert quiet(), "one wakeup answers for all notifications waiting"
+        # The live job ending frees its lease slot (and its user's successor).
+        claimed = service.claim(conn, "test")
+        assert claimed is not None
+        assert quiet(), "a claim makes nothing claimable"
+        sf.save(conn, user, SESSION, sf.sets(("squat", 110, 5)))  # a successor
+        assert notified()
+        assert service.process(conn, claimed).outcome == "published"
+        assert notified(), "a job ending"
+        assert len(service.drain(conn, "test").published) == 1  # the successor
+        assert notified()
+        # A write merged into a pending job announces nothing: the job was announced.
+        sf.save(conn, user, SESSION, sf.sets(("squat", 120, 5)))
+        assert notified()
+        sf.save(conn, user, SESSION, sf.sets(("squat", 130, 5)))
+        assert quiet(), "a merge into a pending job"
+        service.drain(conn, "test")
+        assert notified()
+        sf.delete(conn, user, saved["session_id"])
+        assert notified(), "a delete"
+        service.drain(conn, "test")
+        assert notified()
+        rebuild.request_rebuild(conn, [user])
+        assert notified(), "a rebuild request"
+        runbook.pause(conn)
+        assert notified(), "a settings change"
+        runbook.resume(conn)
+        assert notified(), "the pause lifted"
+        # A write rolled back notifies nothing.
+        with pytest.raises(RuntimeError), conn.transaction():
+            sf.save(conn, uuid.uuid4(), SESSION, sf.sets(("squat", 100, 5)))
+            raise RuntimeError("rolled back")
+        assert quiet()
