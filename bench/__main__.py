@@ -49,6 +49,7 @@ BENCHES: dict[str, Bench] = {
     "queues": queues.run,
     "orchestration": orchestration.run,
     "freshness": freshness.run,
+    "freshness_storm": freshness.run_storm,
     "observation": observation.run,
     "revalidation": revalidation.run,
     "stats": lambda url, mode: stats.run(url, mode.smoke),

@@ -76,8 +76,8 @@ ADMISSION_RATE = TmdbSettings.rate
 ADMISSION_MARGIN = 1.25
 
 # -- the workload and its faults --------------------------------------------------------
-# Stats workers: two stepping through claim/compute/publish by hand, two drain loops
-# (the drain op's own path) running at once. Three refreshers: each stalls past its lease
+# Stats workers: two stepping through claim/compute/publish by hand, two drains kept
+# alive (the drain op's own path) running at once. Three refreshers: each stalls past its lease
 # on 15 % of its generations (3-4.5 s asleep), so two took at most ~3.5 claims a second,
 # and a run that truncated nothing (every library kept its rows, the observers' captures
 # dirtying them again) kept a library dirty past the bound below (194-244 s, 3 runs of 5).
@@ -91,6 +91,11 @@ WORKERS = {
     "drainer": 2,
     "maintainer": 1,
 }
+# A drainer is a drain kept alive, as the sensor launches one, with short limits so that
+# each one ends and starts again many times a run (a kill lands in every part of it).
+DRAINER_IDLE_SECONDS = 3.0
+DRAINER_LIFETIME_SECONDS = 20.0
+DRAINER_RECHECK_SECONDS = 1.0
 OPS_PER_SECOND = 8
 KILL_CHANCE = 0.04  # per operation: SIGKILL a worker process (restarted at once)
 PAUSE_CHANCE = 0.012  # SIGSTOP a worker past its lease

@@ -16,6 +16,9 @@ from typing import Any
 from uuid import UUID
 
 from chaos.config import (
+    DRAINER_IDLE_SECONDS,
+    DRAINER_LIFETIME_SECONDS,
+    DRAINER_RECHECK_SECONDS,
     LEASE_SECONDS,
     PROFILE_POLICY,
     RETRY_POLICY,
@@ -35,6 +38,7 @@ from inventory_pipeline.recovery import service as recovery
 from inventory_pipeline.revalidation import service as revalidation
 from inventory_pipeline.stats import maintenance
 from inventory_pipeline.stats import service as stats_service
+from inventory_pipeline.stats.models import DrainSummary
 
 IDLE_SECONDS = 0.2
 # The longest a worker waits between restarts of a loop that keeps failing at once.
@@ -213,12 +217,22 @@ def stats(conn: Connection) -> bool:
 
 
 def drainer(conn: Connection) -> bool:
-    """The drain op's own loop (claim, compute in committed batches, publish) for a few
-    rounds; two of these run at once beside the stepping workers. It declares nothing to
-    the harness: its publications are judged by the token its publish stage declared
-    for the fence."""
-    summary = stats_service.drain(conn, f"chaos-{os.getpid()}", max_rounds=5)
-    return bool(summary.rounds)
+    """The drain op's own path: a drain kept alive (passes of a few rounds of claim,
+    compute in committed batches and publish, then a wait on LISTEN for the database's
+    notification of new work), with short idle and lifetime limits; two of these run at
+    once beside the stepping workers. It declares nothing to the harness: its
+    publications are judged by the token its publish stage declared for the fence."""
+    done: list[DrainSummary] = []
+    stats_service.keep_draining(
+        conn,
+        f"chaos-{os.getpid()}",
+        idle_seconds=DRAINER_IDLE_SECONDS,
+        lifetime_seconds=DRAINER_LIFETIME_SECONDS,
+        report=done.append,
+        max_rounds=5,
+        recheck_seconds=DRAINER_RECHECK_SECONDS,
+    )
+    return any(summary.rounds for summary in done)
 
 
 def maintainer(conn: Connection) -> bool:

@@ -701,7 +701,8 @@ def _stats_drain(args: argparse.Namespace, settings: Settings) -> int:
                 max_rounds=args.rounds,
             )
             summary = sum(reports, DrainSummary(()))
-            print(f"ended: {'lifetime over' if end == 'lifetime' else 'idle'}; in all:", end=" ")
+            ended = {"lifetime": "lifetime over", "paused": "paused", "idle": "idle"}[end]
+            print(f"ended: {ended}; in all:", end=" ")
         paused = stats.work_waiting(conn).paused
     print(_drain_line(summary) + ("; the worker is paused" if paused else ""))
     return 0 if summary.failed == 0 else 1

@@ -80,6 +80,7 @@ OUTLIVED_SECONDS = 300
 
 
 PUBLISHED_ROWS = 50  # generations listed in the PR overview's table; the counts cover all
+FAILURE_LINES = 20  # failures a report logs with their reason; the counts cover all
 
 
 def pr_overview_metadata(
@@ -138,6 +139,8 @@ def drain_stats(
         def report(summary: DrainSummary) -> None:
             metadata = summary.as_metadata()
             context.log.info("drained: " + ", ".join(f"{v} {k}" for k, v in metadata.items()))
+            for user, outcome, reason in summary.failures[:FAILURE_LINES]:
+                context.log.warning(f"user {user}: {outcome}: {reason}")
             if not summary.published:
                 return
             overview = pr_overview_metadata(
@@ -157,6 +160,8 @@ def drain_stats(
         )
     if end == "lifetime":
         context.log.info("drain ended: its lifetime is over; the sensor starts the next one")
+    elif end == "paused":
+        context.log.info("drain ended: the stats worker is paused")
     elif config.idle_seconds:
         context.log.info(f"drain ended: nothing claimed for {config.idle_seconds:g} s")
     else:

@@ -144,6 +144,9 @@ class DrainSummary:
     failed: int = 0
     lost: int = 0
     interrupted: int = 0
+    # user, outcome, reason: each claim that failed, was rejected, or was deferred by a
+    # failed attempt, with the reason its stage gave
+    failures: tuple[tuple[UUID, str, str], ...] = ()
 
     @property
     def rounds(self) -> int:
@@ -164,6 +167,7 @@ class DrainSummary:
             self.failed + other.failed,
             self.lost + other.lost,
             self.interrupted + other.interrupted,
+            self.failures + other.failures,
         )
 
     def as_metadata(self) -> dict[str, Any]:

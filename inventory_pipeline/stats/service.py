@@ -103,6 +103,7 @@ def drain(conn: Connection, lock_owner: str, max_rounds: int = MAX_ROUNDS) -> Dr
     """Claim and process until a claim finds nothing or `max_rounds` claims were made.
     Nothing is claimed while paused."""
     published: list[tuple[UUID, int, int]] = []
+    failures: list[tuple[UUID, str, str]] = []
     counts = {"deferred": 0, "rejected": 0, "failed": 0, "lost": 0, "interrupted": 0}
     for _ in range(max_rounds):
         claimed = claim(conn, lock_owner)
@@ -117,7 +118,11 @@ def drain(conn: Connection, lock_owner: str, max_rounds: int = MAX_ROUNDS) -> Dr
             published.append((claimed.user_id, claimed.target_version, result.batches))
         else:
             counts[result.outcome] += 1
-    return DrainSummary(tuple(published), **counts)
+            publication = result.publication
+            reason = result.reason or (publication.reason if publication else None)
+            if reason and result.outcome != "lost":
+                failures.append((claimed.user_id, result.outcome, reason))
+    return DrainSummary(tuple(published), **counts, failures=tuple(failures))
 
 
 # A drain kept alive looks for work at least this often while it waits: work that
@@ -128,7 +133,7 @@ RECHECK_SECONDS = 5.0
 # A drain kept alive hands what it did to its reporter at most this often (and at its end).
 REPORT_SECONDS = 30.0
 
-DrainEnd = Literal["idle", "lifetime"]
+DrainEnd = Literal["idle", "lifetime", "paused"]
 
 
 def keep_draining(
@@ -145,11 +150,10 @@ def keep_draining(
     """Drain, then sleep until the database notifies that work may have become claimable
     (or `recheck_seconds` pass) and drain again; end once nothing was claimed for
     `idle_seconds` or `lifetime_seconds` have passed. Each pass claims at most
-    `max_rounds`. What the drain did reaches `report` at most every `report_seconds`
-    and at the end. A notification only wakes the drain: the claim decides what it may
-    take, so a missed or extra notification changes when a claim is tried, nothing else.
-    While the worker is paused nothing is claimed, so the drain ends idle unless resumed
-    (a settings change notifies)."""
+    `max_rounds`, or a pass that claimed nothing found the worker paused. What the drain
+    did reaches `report` at most every `report_seconds` and at the end. A notification
+    only wakes the drain: the claim decides what it may take, so a missed or extra
+    notification changes when a claim is tried, nothing else."""
     repo.listen_for_work(conn)
     started = last_claim = last_report = time.monotonic()
     unreported = DrainSummary(())
@@ -162,6 +166,8 @@ def keep_draining(
         end: DrainEnd | None = None
         if now - started >= lifetime_seconds:
             end = "lifetime"
+        elif not passed.rounds and work_waiting(conn).paused:
+            end = "paused"
         elif now - last_claim >= idle_seconds:
             end = "idle"
         if unreported.rounds and (end or now - last_report >= report_seconds):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -11,7 +12,7 @@ from datetime import date
 import dagster as dg
 import pytest
 
-from inventory_pipeline.db import Connection
+from inventory_pipeline.db import Connection, connect, execute
 from inventory_pipeline.definitions import defs
 from inventory_pipeline.defs import stats as stats_defs
 from inventory_pipeline.defs import stats_maintenance as maintenance_defs
@@ -177,3 +178,24 @@ def test_a_drain_kept_alive_publishes_and_materializes_work_saved_while_it_waits
     assert published == {str(early), str(late)}
     logged = [entry.user_message for entry in instance.all_logs(result.run_id)]
     assert "drain ended: nothing claimed for 3 s" in logged
+
+
+def test_a_drain_logs_each_failed_attempt_with_its_reason(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    sf.exercise(conn, "squat")
+    user = uuid.uuid4()
+    sf.save(conn, user, date(2026, 3, 10), sf.sets(("squat", 100, 5)))
+    execute(conn, "UPDATE stats_projection_worker_settings SET compute_budget_ms = 300")
+    with connect(db_url) as blocker, blocker.transaction():
+        execute(blocker, "LOCK TABLE stats_output_exercise IN EXCLUSIVE MODE")
+        result = defs.resolve_job_def("stats_drain").execute_in_process(
+            instance=instance, resources={"inventory_db": InventoryDatabase(url=db_url)}
+        )
+    assert result.success
+    warnings = [
+        entry.user_message
+        for entry in instance.all_logs(result.run_id)
+        if entry.level == logging.WARNING
+    ]
+    assert warnings == [f"user {user}: deferred: statement budget spent (57014)"]

@@ -4,7 +4,8 @@ separate hosts) and PostgreSQL instance storage. Only the code server imports th
 definitions and knows the application database and the TMDb settings; the webserver
 and the daemon reach it over gRPC through deploy/workspace.yaml. The code server
 evaluates the sensor and starts the run; the database acknowledges the profile; the
-webserver's GraphQL API shows the run as the UI reads it."""
+webserver's GraphQL API shows the run as the UI reads it. The stats drain the sensor
+keeps alive shares the work with a second worker host under one cap of active leases."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ import yaml
 
 from chaos.servers import free_port
 from inventory_pipeline import definitions
-from inventory_pipeline.db import connect
+from inventory_pipeline.db import connect, fetch_all
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
 from inventory_pipeline.deployment import (
     DAEMON_COMMAND,
@@ -40,7 +42,9 @@ from inventory_pipeline.deployment import (
 from inventory_pipeline.provider.standin import StandIn
 from inventory_pipeline.recovery import service as recovery
 from inventory_pipeline.recovery.models import ProviderSettings
+from inventory_pipeline.stats import runbook
 from tests import factories as f
+from tests import stats_factories as sf
 from tests.conftest import TMDB_TEST_KEY
 
 pytestmark = pytest.mark.daemon
@@ -355,7 +359,72 @@ def test_code_server_webserver_and_daemon_run_the_pipeline_as_separate_processes
     grpc_info = json.loads(stored.tags[".dagster/grpc_info"])
     assert (grpc_info["host"], grpc_info["port"]) == ("127.0.0.1", code_port)
     topology.check_alive()
+    split = stats_on_two_worker_hosts(db_url, topology, tmp_path, base)
+    # The UI shows the sensor's drain still running, kept alive for the next save.
+    drains = graphql(web_port, RUNS_QUERY, {"filter": {"pipelineName": "stats_drain"}})
+    statuses = [r["status"] for r in drains["runsOrError"]["results"]]
+    assert "STARTED" in statuses, statuses
     print(
         f"\ntopology: three processes ready in {ready:.1f} s; "
-        f"commit to acknowledged profile {to_acknowledged:.1f} s"
+        f"commit to acknowledged profile {to_acknowledged:.1f} s; stats publications by "
+        f"host with one lease allowed: {split}"
     )
+
+
+LIVE_LEASES = """
+SELECT count(*) AS n FROM user_stats_projection_runs
+WHERE phase IN ('claimed', 'computed') AND lease_until > now() AND retry_not_before IS NULL
+"""
+PUBLISHED_BY = """
+SELECT CASE WHEN lock_owner LIKE 'dagster:%%' THEN 'dagster' ELSE lock_owner END AS host,
+       count(*) AS n
+FROM user_stats_projection_runs WHERE phase = 'published' GROUP BY 1
+"""
+
+
+def stats_on_two_worker_hosts(
+    db_url: str, topology: Topology, tmp_path: Path, base: dict[str, str]
+) -> dict[str, int]:
+    """The stats drain as deployed: the sensor's drain, kept alive on the code server's
+    host, and a second worker host draining beside it (`stats drain --idle`, its own
+    process and environment). The cap of active leases, set to 1, holds across them:
+    sampled throughout, never two live leases; and both hosts publish."""
+    users = [uuid.uuid4() for _ in range(120)]
+    with connect(db_url) as conn:
+        runbook.change_settings(conn, {"active_lease_cap": 1})
+        sf.exercise(conn, "squat")
+        sf.save(conn, users[0], date(2026, 3, 10), sf.sets(("squat", 100, 5)))
+
+        def by_dagster() -> bool:
+            return "dagster" in {r["host"]: r["n"] for r in fetch_all(conn, PUBLISHED_BY)}
+
+        wait_for("a publication by the sensor's drain", topology, by_dagster, timeout=90)
+        env = {**base, "INVENTORY_DATABASE_URL": db_url}
+        with (tmp_path / "second_host.log").open("wb") as log:
+            second = subprocess.Popen(
+                [sys.executable, "-m", "inventory_pipeline.cli", "stats", "drain", "--idle", "5"],
+                env=env,
+                cwd=tmp_path,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            most = 0
+            for index, user in enumerate(users[1:]):
+                day = date(2026, 3, 1 + index % 28)
+                sf.save(conn, user, day, sf.sets(("squat", 100, 5), ("squat", 90, 8)))
+                most = max(most, fetch_all(conn, LIVE_LEASES)[0]["n"])
+
+            def all_published() -> bool:
+                nonlocal most
+                most = max(most, fetch_all(conn, LIVE_LEASES)[0]["n"])
+                return all(sf.versions(conn, u)[1] >= 1 for u in users)
+
+            wait_for("every save published", topology, all_published, timeout=120)
+            split = {r["host"]: int(r["n"]) for r in fetch_all(conn, PUBLISHED_BY)}
+        finally:
+            second.wait(timeout=60)
+    assert second.returncode == 0, (tmp_path / "second_host.log").read_text()
+    assert most == 1, f"{most} live leases with a cap of 1"
+    assert set(split) == {"dagster", "cli"}, split
+    return split

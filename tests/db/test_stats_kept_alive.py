@@ -139,19 +139,23 @@ def test_a_drain_ends_at_its_lifetime_though_work_keeps_coming(
     assert len(drain.reports) >= 2 and drain.published
 
 
-def test_a_paused_drain_claims_nothing_and_resumes_when_notified(
+def test_pausing_the_worker_ends_a_waiting_drain_at_once(
     conn: Connection, kept_alive: Callable[..., KeptAlive]
 ) -> None:
+    """The pause is a settings change: it notifies, the drain's pass claims nothing and
+    finds the worker paused. Work saved meanwhile stays pending for after the resume."""
     sf.exercise(conn, "squat")
+    drain = kept_alive(idle_seconds=600, lifetime_seconds=600, recheck_seconds=3600)
+    time.sleep(0.5)
     runbook.pause(conn)
-    drain = kept_alive(idle_seconds=6, lifetime_seconds=120, recheck_seconds=3600)
+    assert drain.join(timeout=10) == "paused"
     user = uuid.uuid4()
     sf.save(conn, user, SESSION, sf.sets(("squat", 100, 5)))
-    time.sleep(1)
+    assert kept_alive(idle_seconds=600, lifetime_seconds=600).join(timeout=10) == "paused"
     assert sf.versions(conn, user) == (1, 0)
-    runbook.resume(conn)  # the settings change notifies
-    until(lambda: sf.versions(conn, user) == (1, 1), timeout=3)
-    assert drain.join() == "idle"
+    runbook.resume(conn)
+    assert kept_alive(idle_seconds=0.5, lifetime_seconds=600).join() == "idle"
+    assert sf.versions(conn, user) == (1, 1)
 
 
 def test_the_database_notifies_each_statement_that_can_make_work_claimable(
@@ -203,3 +207,16 @@ def test_the_database_notifies_each_statement_that_can_make_work_claimable(
             sf.save(conn, uuid.uuid4(), SESSION, sf.sets(("squat", 100, 5)))
             raise RuntimeError("rolled back")
         assert quiet()
+
+
+def test_a_drain_reports_each_failed_attempt_with_its_reason(conn: Connection, db_url: str) -> None:
+    """What an operator reads in the drain's log: the user, the outcome and the reason."""
+    sf.exercise(conn, "squat")
+    user = uuid.uuid4()
+    sf.save(conn, user, SESSION, sf.sets(("squat", 100, 5)))
+    execute(conn, "UPDATE stats_projection_worker_settings SET compute_budget_ms = 300")
+    with connect(db_url) as blocker, blocker.transaction():
+        execute(blocker, "LOCK TABLE stats_output_exercise IN EXCLUSIVE MODE")
+        summary = service.drain(conn, "test")
+    assert summary.deferred == 1
+    assert summary.failures == ((user, "deferred", "statement budget spent (57014)"),)
