@@ -147,13 +147,14 @@ def keep_draining(
     report_seconds: float = REPORT_SECONDS,
     recheck_seconds: float = RECHECK_SECONDS,
 ) -> DrainEnd:
-    """Drain, then sleep until the database notifies that work may have become claimable
-    (or `recheck_seconds` pass) and drain again; end once nothing was claimed for
-    `idle_seconds` or `lifetime_seconds` have passed. Each pass claims at most
-    `max_rounds`, or a pass that claimed nothing found the worker paused. What the drain
-    did reaches `report` at most every `report_seconds` and at the end. A notification
-    only wakes the drain: the claim decides what it may take, so a missed or extra
-    notification changes when a claim is tried, nothing else."""
+    """Drain (a pass claims at most `max_rounds`), then sleep until the database notifies
+    that work may have become claimable (or `recheck_seconds` pass) and drain again; end
+    when `lifetime_seconds` have passed, when a pass that claimed nothing finds the
+    worker paused, or when nothing was claimed for `idle_seconds`. What the drain did
+    reaches `report` at most every `report_seconds` and at the end. A notification only
+    wakes the drain: the claim decides what it may take, so a missed or extra
+    notification changes when a claim is tried, nothing else. Listening comes first, so
+    work saved before it is claimed by the first pass."""
     repo.listen_for_work(conn)
     started = last_claim = last_report = time.monotonic()
     unreported = DrainSummary(())

@@ -55,12 +55,29 @@ def failure_message(result: dg.ExecuteInProcessResult) -> str:
             "max_rounds must be at least 1",
         ),
         (
+            defs.resolve_job_def("stats_drain"),
+            {"ops": {"drain_stats": {"config": {"idle_seconds": -1}}}},
+            "idle_seconds must be at least 0 and lifetime_seconds above 0",
+        ),
+        (
+            defs.resolve_job_def("stats_drain"),
+            {"ops": {"drain_stats": {"config": {"lifetime_seconds": 0}}}},
+            "idle_seconds must be at least 0 and lifetime_seconds above 0",
+        ),
+        (
             maintenance_defs.stats_retention,
             {"ops": {"prune_stats_history": {"config": {"run_batch": 0}}}},
             "run_batch and days must be at least 1",
         ),
     ],
-    ids=["refresh-claims", "rebuild-users", "drain-rounds", "retention-batch"],
+    ids=[
+        "refresh-claims",
+        "rebuild-users",
+        "drain-rounds",
+        "drain-idle",
+        "drain-lifetime",
+        "retention-batch",
+    ],
 )
 def test_bad_run_config_fails_in_one_line_and_changes_nothing(
     conn: Connection,
