@@ -30,7 +30,7 @@ import yaml
 
 from chaos.servers import free_port
 from inventory_pipeline import definitions
-from inventory_pipeline.db import connect, fetch_all
+from inventory_pipeline.db import Connection, connect, fetch_all
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
 from inventory_pipeline.deployment import (
     DAEMON_COMMAND,
@@ -382,6 +382,17 @@ FROM user_stats_projection_runs WHERE phase = 'published' GROUP BY 1
 """
 
 
+SECOND_HOST_WAITING = """
+SELECT count(*) AS n FROM pg_stat_activity
+WHERE datname = current_database() AND application_name = 'inventory_pipeline'
+  AND state = 'idle' AND query NOT LIKE 'LISTEN%%'
+"""
+
+
+def second_host_waiting(conn: Connection) -> Any:
+    return lambda: fetch_all(conn, SECOND_HOST_WAITING)[0]["n"] == 1
+
+
 def stats_on_two_worker_hosts(
     db_url: str, topology: Topology, tmp_path: Path, base: dict[str, str]
 ) -> dict[str, int]:
@@ -409,6 +420,9 @@ def stats_on_two_worker_hosts(
                 stderr=subprocess.STDOUT,
             )
         try:
+            # The second host listens, looks once, and waits (its last statement is not
+            # its LISTEN any more): from now on each save wakes both hosts.
+            wait_for("the second host waiting", topology, second_host_waiting(conn), timeout=60)
             most = 0
             for index, user in enumerate(users[1:]):
                 day = date(2026, 3, 1 + index % 28)
