@@ -26,6 +26,7 @@ from pathlib import Path
 from bench import (
     change_capture,
     freshness,
+    idle_cost,
     observation,
     orchestration,
     peer,
@@ -50,6 +51,7 @@ BENCHES: dict[str, Bench] = {
     "orchestration": orchestration.run,
     "freshness": freshness.run,
     "freshness_storm": freshness.run_storm,
+    "idle_cost": idle_cost.run,
     "observation": observation.run,
     "revalidation": revalidation.run,
     "stats": lambda url, mode: stats.run(url, mode.smoke),
