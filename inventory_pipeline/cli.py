@@ -240,7 +240,6 @@ def _stats_parser(sub: Subparsers) -> None:
     drain.add_argument(
         "--lifetime",
         type=_count,
-        default=3600,
         metavar="SECONDS",
         help="with --idle, end after SECONDS in any case (default 3600)",
     )
@@ -682,6 +681,8 @@ def _drain_line(summary: DrainSummary) -> str:
 
 
 def _stats_drain(args: argparse.Namespace, settings: Settings) -> int:
+    if args.lifetime is not None and args.idle is None:
+        raise CliError("--lifetime needs --idle: a drain without it ends when idle")
     with reach(settings) as deployment, connect(deployment.app_url) as conn:
         if args.idle is None:
             summary = stats.drain(conn, "cli", max_rounds=args.rounds)
@@ -696,7 +697,7 @@ def _stats_drain(args: argparse.Namespace, settings: Settings) -> int:
                 conn,
                 "cli",
                 idle_seconds=args.idle,
-                lifetime_seconds=args.lifetime,
+                lifetime_seconds=args.lifetime or 3600,
                 report=report,
                 max_rounds=args.rounds,
             )

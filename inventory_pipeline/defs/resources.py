@@ -178,10 +178,15 @@ def runs_waiting(instance: dg.DagsterInstance, job_name: str) -> int:
 def run_in_flight(instance: dg.DagsterInstance, job_name: str) -> bool:
     """Is a run of this job queued or running? Only saves a redundant launch: the
     database decides what a run may do, so a second run would just find nothing."""
+    return runs_in_flight(instance, job_name, limit=1) > 0
+
+
+def runs_in_flight(instance: dg.DagsterInstance, job_name: str, limit: int) -> int:
+    """How many runs of this job are queued or running, counted up to `limit`."""
     records = instance.get_run_records(
-        dg.RunsFilter(job_name=job_name, statuses=IN_FLIGHT), limit=1
+        dg.RunsFilter(job_name=job_name, statuses=IN_FLIGHT), limit=limit
     )
-    return bool(records)
+    return len(records)
 
 
 def latest_materialization(

@@ -8,13 +8,15 @@ what was published.
 # No `from __future__ import annotations`: Dagster reads these signatures at definition
 # time and compares the context annotation to real classes.
 
+import contextlib
 import enum
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import dagster as dg
 
-from inventory_pipeline.defs.resources import QUEUE_TAG, InventoryDatabase, run_in_flight
+from inventory_pipeline.db import DatabaseError
+from inventory_pipeline.defs.resources import QUEUE_TAG, InventoryDatabase, runs_in_flight
 from inventory_pipeline.defs.sources import STATS_GROUP, training_log
 from inventory_pipeline.defs.ticks import logged
 from inventory_pipeline.stats import maintenance, runbook, service
@@ -73,10 +75,17 @@ class DrainConfig(dg.Config):
 # deployment starts no run (the sensor launches only for waiting work), and a busy one
 # about one an hour. See docs/training-stats.md#freshness.
 KEPT_ALIVE = DrainConfig(idle_seconds=600.0, lifetime_seconds=3600.0)
-MAX_RUNTIME_TAG = "dagster/max_runtime"
-# Run monitoring ends a kept-alive drain that outlived its lifetime by this much (its
-# worker died unseen, or hangs), so the sensor can launch the next one.
-OUTLIVED_SECONDS = 300
+MAX_LIFETIME_SECONDS = 3600.0
+# Run monitoring ends any drain that outlived the longest lifetime by five minutes (its
+# worker died unseen, or hangs): the run's slot in the queue is freed.
+MAX_RUNTIME_SECONDS = int(MAX_LIFETIME_SECONDS) + 300
+# Drains the stats queue runs at once (deploy/dagster.yaml's stats_drain limit). A drain
+# in flight holds the sensor back only while it keeps up: claimable work waiting longer
+# than BEHIND_SECONDS (a live drain takes it within a second, or at its 5 s recheck)
+# means it does not (its worker died unseen, it hangs, or a backlog outruns it), and the
+# sensor launches one more.
+DRAINS_AT_ONCE = 2
+BEHIND_SECONDS = 30.0
 
 
 PUBLISHED_ROWS = 50  # generations listed in the PR overview's table; the counts cover all
@@ -84,15 +93,16 @@ FAILURE_LINES = 20  # failures a report logs with their reason; the counts cover
 
 
 def pr_overview_metadata(
-    summary: DrainSummary, status: Mapping[str, Any], rollover: Mapping[str, Any]
+    summary: DrainSummary, status: Mapping[str, Any] | None, rollover: Mapping[str, Any] | None
 ) -> dict[str, Any]:
     """What the PR overview asset shows after a drain published: the generations it
-    published, and the standing backlog (users stale and owed, oldest waits, rollover)."""
+    published, and the standing backlog (users stale and owed, oldest waits, rollover)
+    unless it could not be read (a drain reporting on its way out of a lost connection)."""
     published = [
         dg.TableRecord({"user": str(user), "generation": generation, "batches": batches})
         for user, generation, batches in summary.published[:PUBLISHED_ROWS]
     ]
-    return {
+    metadata: dict[str, Any] = {
         "published_generations": len(summary.published),
         "published": dg.MetadataValue.table(
             records=published,
@@ -104,6 +114,10 @@ def pr_overview_metadata(
                 ]
             ),
         ),
+    }
+    if status is None or rollover is None:
+        return metadata
+    return metadata | {
         "users_stale": int(status.get("stale_users") or 0),
         "users_owed": int(status.get("owed_users") or 0),
         "pending_users": int(status.get("pending_users") or 0),
@@ -128,10 +142,11 @@ def drain_stats(
     run's log says what the drain did either way."""
     if config.max_rounds < 1:
         raise dg.Failure(f"max_rounds must be at least 1, got {config.max_rounds}")
-    if config.idle_seconds < 0 or config.lifetime_seconds <= 0:
+    idle, lifetime = config.idle_seconds, config.lifetime_seconds
+    if not (0 <= idle <= MAX_LIFETIME_SECONDS and 0 < lifetime <= MAX_LIFETIME_SECONDS):
         raise dg.Failure(
-            "idle_seconds must be at least 0 and lifetime_seconds above 0, got "
-            f"{config.idle_seconds} and {config.lifetime_seconds}"
+            f"idle_seconds must be 0 to {MAX_LIFETIME_SECONDS:g} and lifetime_seconds above 0"
+            f" and at most {MAX_LIFETIME_SECONDS:g}, got {idle} and {lifetime}"
         )
     owner = f"dagster:{context.run_id[:8]}"
     with inventory_db.connection() as conn:
@@ -143,9 +158,11 @@ def drain_stats(
                 context.log.warning(f"user {user}: {outcome}: {reason}")
             if not summary.published:
                 return
-            overview = pr_overview_metadata(
-                summary, service.worker_status(conn), maintenance.rollover_overview(conn)
-            )
+            status: dict[str, Any] | None = None
+            rollover: dict[str, Any] | None = None
+            with contextlib.suppress(DatabaseError):
+                status, rollover = service.worker_status(conn), maintenance.rollover_overview(conn)
+            overview = pr_overview_metadata(summary, status, rollover)
             for key in (EXERCISE_STATS, PERIOD_STATS):
                 context.log_event(dg.AssetMaterialization(asset_key=key, metadata=metadata))
             context.log_event(dg.AssetMaterialization(asset_key=PR_OVERVIEW, metadata=overview))
@@ -173,7 +190,7 @@ stats_drain = dg.define_asset_job(
     "stats_drain",
     selection=dg.AssetSelection.assets(EXERCISE_STATS, PERIOD_STATS, PR_OVERVIEW),
     executor_def=dg.in_process_executor,
-    tags={QUEUE_TAG: STATS_QUEUE},
+    tags={QUEUE_TAG: STATS_QUEUE, "dagster/max_runtime": str(MAX_RUNTIME_SECONDS)},
     description="Drain the stats refresh queue through claim, compute and publish.",
 )
 
@@ -197,15 +214,20 @@ def stats_refresh_sensor(
         if work.waiting:
             return dg.SkipReason(f"{work.waiting} waiting; every lease slot is active")
         return dg.SkipReason("no stats work waiting")
-    active = run_in_flight(context.instance, stats_drain.name)
-    if active:
+    active = runs_in_flight(context.instance, stats_drain.name, DRAINS_AT_ONCE)
+    if active >= DRAINS_AT_ONCE:
+        return dg.SkipReason(f"{work.claimable} waiting; {active} drains are already active")
+    if active and work.oldest_wait_seconds <= BEHIND_SECONDS:
         return dg.SkipReason(f"{work.claimable} waiting; a drain is already active")
     launch = int(context.cursor or "0") + 1
     context.update_cursor(str(launch))
+    if active:
+        context.log.info(
+            f"the oldest of {work.claimable} waiting has waited "
+            f"{work.oldest_wait_seconds:.0f} s though a drain is active: launching another"
+        )
     return dg.RunRequest(
-        run_key=f"stats-drain-{launch}",
-        run_config=dg.RunConfig(ops={"drain_stats": KEPT_ALIVE}),
-        tags={MAX_RUNTIME_TAG: str(int(KEPT_ALIVE.lifetime_seconds) + OUTLIVED_SECONDS)},
+        run_key=f"stats-drain-{launch}", run_config=dg.RunConfig(ops={"drain_stats": KEPT_ALIVE})
     )
 
 

@@ -119,11 +119,13 @@ class AccountResult:
 
 @dataclass(frozen=True)
 class WorkWaiting:
-    """The drain policy's view: claimable work, free lease slots, the pause switch."""
+    """The drain policy's view: claimable work and how long the oldest of it has waited,
+    free lease slots, the pause switch."""
 
     waiting: int
     free_slots: int
     paused: bool
+    oldest_wait_seconds: float
 
     @property
     def claimable(self) -> int:

@@ -159,19 +159,28 @@ ORDER BY id;
 -- name: waiting_work
 -- The drain policy's one definition of work waiting, for the sensor and the drain
 -- alike: what a claim could take now (pending jobs of users with no live job, runs due
--- to resume, dead workers' runs), the lease slots free, and the pause switch.
+-- to resume, dead workers' runs), how long the oldest of it has waited (since the job
+-- was enqueued, or the run became due), the lease slots free, and the pause switch.
+WITH jobs AS (
+    SELECT j.created_at AS since FROM user_exercise_stats_refresh_jobs j
+    WHERE j.status = 'pending'
+      AND NOT EXISTS (
+          SELECT 1 FROM user_exercise_stats_refresh_jobs p
+          WHERE p.user_id = j.user_id AND p.status = 'processing')
+), runs AS (
+    SELECT coalesce(r.retry_not_before, r.lease_until) AS since
+    FROM user_stats_projection_runs r
+    WHERE r.phase IN ('claimed', 'computed')
+      AND (r.retry_not_before <= now()
+           OR (r.retry_not_before IS NULL AND r.lease_until <= now()))
+)
 SELECT st.paused,
        (SELECT count(*) FROM stats_lease_slots l
         WHERE l.slot <= st.active_lease_cap AND l.lease_until <= now()) AS free_slots,
-       (SELECT count(*) FROM user_exercise_stats_refresh_jobs j
-        WHERE j.status = 'pending'
-          AND NOT EXISTS (
-              SELECT 1 FROM user_exercise_stats_refresh_jobs p
-              WHERE p.user_id = j.user_id AND p.status = 'processing'))
-     + (SELECT count(*) FROM user_stats_projection_runs r
-        WHERE r.phase IN ('claimed', 'computed')
-          AND (r.retry_not_before <= now()
-               OR (r.retry_not_before IS NULL AND r.lease_until <= now()))) AS waiting
+       (SELECT count(*) FROM jobs) + (SELECT count(*) FROM runs) AS waiting,
+       coalesce(extract(epoch FROM now() - least((SELECT min(since) FROM jobs),
+                                                 (SELECT min(since) FROM runs))), 0)
+           AS oldest_wait_seconds
 FROM stats_projection_worker_settings st
 WHERE st.id = 1;
 

@@ -191,7 +191,10 @@ def wait_for_work(conn: Connection, timeout: float) -> bool:
 def waiting_work(conn: Connection) -> WorkWaiting:
     row = _one(conn, "waiting_work")
     return WorkWaiting(
-        waiting=int(row["waiting"]), free_slots=int(row["free_slots"]), paused=bool(row["paused"])
+        waiting=int(row["waiting"]),
+        free_slots=int(row["free_slots"]),
+        paused=bool(row["paused"]),
+        oldest_wait_seconds=float(row["oldest_wait_seconds"]),
     )
 
 

@@ -1993,7 +1993,7 @@ CREATE TRIGGER user_stats_projection_runs_mirror_lease AFTER UPDATE OF phase, le
 CREATE TRIGGER stats_projection_worker_settings_fit_slots AFTER UPDATE OF active_lease_cap ON stats_projection_worker_settings FOR EACH ROW EXECUTE FUNCTION stats_fit_lease_slots();
 CREATE TRIGGER stats_projection_worker_settings_notify AFTER UPDATE ON stats_projection_worker_settings FOR EACH STATEMENT EXECUTE FUNCTION stats_notify_work();
 CREATE TRIGGER user_exercise_stats_refresh_jobs_notify_enqueued AFTER INSERT ON user_exercise_stats_refresh_jobs FOR EACH STATEMENT EXECUTE FUNCTION stats_notify_work();
-CREATE TRIGGER user_exercise_stats_refresh_jobs_notify_ended AFTER UPDATE OF status ON user_exercise_stats_refresh_jobs FOR EACH ROW WHEN (((old.status)::text = 'processing'::text) AND ((new.status)::text <> 'processing'::text)) EXECUTE FUNCTION stats_notify_work();
+CREATE TRIGGER user_exercise_stats_refresh_jobs_notify_changed AFTER UPDATE ON user_exercise_stats_refresh_jobs FOR EACH ROW WHEN ((((new.status)::text = 'pending'::text) OR (((old.status)::text = 'processing'::text) AND ((new.status)::text <> 'processing'::text)))) EXECUTE FUNCTION stats_notify_work();
 
 -- == Who may call and read what =========================================================
 

@@ -12,6 +12,7 @@ claim's recovery takes it back when the lease lapses; any other one is raised.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any, Literal
@@ -99,13 +100,17 @@ def process(conn: Connection, claimed: StatsClaim) -> ProcessResult:
     return ProcessResult("computed", max(batches, 1), publish(conn, claimed))
 
 
-def drain(conn: Connection, lock_owner: str, max_rounds: int = MAX_ROUNDS) -> DrainSummary:
-    """Claim and process until a claim finds nothing or `max_rounds` claims were made.
-    Nothing is claimed while paused."""
+def drain(
+    conn: Connection, lock_owner: str, max_rounds: int = MAX_ROUNDS, until: float | None = None
+) -> DrainSummary:
+    """Claim and process until a claim finds nothing, `max_rounds` claims were made, or
+    the monotonic clock passed `until`. Nothing is claimed while paused."""
     published: list[tuple[UUID, int, int]] = []
     failures: list[tuple[UUID, str, str]] = []
     counts = {"deferred": 0, "rejected": 0, "failed": 0, "lost": 0, "interrupted": 0}
     for _ in range(max_rounds):
+        if until is not None and time.monotonic() >= until:
+            break
         claimed = claim(conn, lock_owner)
         if claimed is None:
             break
@@ -147,38 +152,50 @@ def keep_draining(
     report_seconds: float = REPORT_SECONDS,
     recheck_seconds: float = RECHECK_SECONDS,
 ) -> DrainEnd:
-    """Drain (a pass claims at most `max_rounds`), then sleep until the database notifies
-    that work may have become claimable (or `recheck_seconds` pass) and drain again; end
-    when `lifetime_seconds` have passed, when a pass that claimed nothing finds the
-    worker paused, or when nothing was claimed for `idle_seconds`. What the drain did
-    reaches `report` at most every `report_seconds` and at the end. A notification only
-    wakes the drain: the claim decides what it may take, so a missed or extra
-    notification changes when a claim is tried, nothing else. Listening comes first, so
-    work saved before it is claimed by the first pass."""
+    """Drain, then sleep until the database notifies that work may have become claimable
+    (or `recheck_seconds` pass) and drain again; end when `lifetime_seconds` have passed,
+    when a pass that claimed nothing finds the worker paused, or when nothing was claimed
+    for `idle_seconds`. A pass claims at most `max_rounds` and stops at the next report
+    or the lifetime's end. What the drain did reaches `report` at most every
+    `report_seconds`, at the end, and on the way out of an error (the database keeps the
+    work either way; the report is what an operator sees). A notification only wakes the
+    drain: the claim decides what it may take, so a missed or extra notification changes
+    when a claim is tried, nothing else. Listening comes first, so work saved before it
+    is claimed by the first pass."""
     repo.listen_for_work(conn)
     started = last_claim = last_report = time.monotonic()
     unreported = DrainSummary(())
-    while True:
-        passed = drain(conn, lock_owner, max_rounds)
-        unreported += passed
-        now = time.monotonic()
-        if passed.rounds:
-            last_claim = now
-        end: DrainEnd | None = None
-        if now - started >= lifetime_seconds:
-            end = "lifetime"
-        elif not passed.rounds and work_waiting(conn).paused:
-            end = "paused"
-        elif now - last_claim >= idle_seconds:
-            end = "idle"
-        if unreported.rounds and (end or now - last_report >= report_seconds):
-            report(unreported)
-            unreported, last_report = DrainSummary(()), now
-        if end:
-            return end
-        if passed.rounds < max_rounds:  # a spent pass leaves work claimable: no wait
-            left = min(lifetime_seconds - (now - started), idle_seconds - (now - last_claim))
-            repo.wait_for_work(conn, min(recheck_seconds, left))
+    try:
+        while True:
+            until = min(started + lifetime_seconds, last_report + report_seconds)
+            passed = drain(conn, lock_owner, max_rounds, until)
+            unreported += passed
+            now = time.monotonic()
+            if passed.rounds:
+                last_claim = now
+            end: DrainEnd | None = None
+            if now - started >= lifetime_seconds:
+                end = "lifetime"
+            elif not passed.rounds and work_waiting(conn).paused:
+                end = "paused"
+            elif now - last_claim >= idle_seconds:
+                end = "idle"
+            if end or now >= last_report + report_seconds:
+                if unreported.rounds:
+                    report(unreported)
+                    unreported = DrainSummary(())
+                last_report = now
+            if end:
+                return end
+            # A pass cut short by its claims or its clock may have left work claimable.
+            if passed.rounds < max_rounds and now < until:
+                left = min(started + lifetime_seconds, last_claim + idle_seconds) - now
+                repo.wait_for_work(conn, min(recheck_seconds, left))
+    except BaseException:
+        if unreported.rounds:
+            with contextlib.suppress(Exception):
+                report(unreported)
+        raise
 
 
 def work_waiting(conn: Connection) -> WorkWaiting:

@@ -57,12 +57,22 @@ def failure_message(result: dg.ExecuteInProcessResult) -> str:
         (
             defs.resolve_job_def("stats_drain"),
             {"ops": {"drain_stats": {"config": {"idle_seconds": -1}}}},
-            "idle_seconds must be at least 0 and lifetime_seconds above 0",
+            "idle_seconds must be 0 to 3600 and lifetime_seconds above 0 and at most 3600",
         ),
         (
             defs.resolve_job_def("stats_drain"),
             {"ops": {"drain_stats": {"config": {"lifetime_seconds": 0}}}},
-            "idle_seconds must be at least 0 and lifetime_seconds above 0",
+            "idle_seconds must be 0 to 3600 and lifetime_seconds above 0 and at most 3600",
+        ),
+        (
+            defs.resolve_job_def("stats_drain"),
+            {"ops": {"drain_stats": {"config": {"lifetime_seconds": float("inf")}}}},
+            "idle_seconds must be 0 to 3600 and lifetime_seconds above 0 and at most 3600",
+        ),
+        (
+            defs.resolve_job_def("stats_drain"),
+            {"ops": {"drain_stats": {"config": {"idle_seconds": float("nan")}}}},
+            "idle_seconds must be 0 to 3600 and lifetime_seconds above 0 and at most 3600",
         ),
         (
             maintenance_defs.stats_retention,
@@ -76,6 +86,8 @@ def failure_message(result: dg.ExecuteInProcessResult) -> str:
         "drain-rounds",
         "drain-idle",
         "drain-lifetime",
+        "drain-lifetime-infinite",
+        "drain-idle-nan",
         "retention-batch",
     ],
 )

@@ -138,8 +138,34 @@ def test_the_sensor_launches_a_drain_kept_alive_and_bounded(
     assert isinstance(request, dg.RunRequest)
     config = request.run_config["ops"]["drain_stats"]["config"]
     assert config["idle_seconds"] > 0 and config["lifetime_seconds"] > 0
-    # Run monitoring ends a drain that outlives its lifetime (its worker died unseen).
-    assert float(request.tags["dagster/max_runtime"]) > config["lifetime_seconds"]
+    # Run monitoring ends any drain that outlives the longest lifetime (its worker died
+    # unseen), the launchpad's too: the bound is the job's.
+    job = defs.resolve_job_def("stats_drain")
+    assert float(job.tags["dagster/max_runtime"]) > stats_defs.MAX_LIFETIME_SECONDS
+
+
+def test_a_drain_in_flight_holds_the_sensor_back_only_while_it_keeps_up(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    """A drain whose worker died unseen stays STARTED in Dagster: once claimable work has
+    waited past BEHIND_SECONDS the sensor launches another, up to the queue's two."""
+    db = InventoryDatabase(url=db_url)
+    context = dg.build_sensor_context(instance=instance, resources={"inventory_db": db})
+    job = defs.resolve_job_def("stats_drain")
+    instance.create_run_for_job(job, status=dg.DagsterRunStatus.STARTED)  # died unseen
+    sf.exercise(conn, "squat")
+    sf.save(conn, uuid.uuid4(), date(2026, 3, 10), sf.sets(("squat", 100, 5)))
+    skipped = stats_defs.stats_refresh_sensor(context)
+    assert isinstance(skipped, dg.SkipReason)
+    assert skipped.skip_message == "1 waiting; a drain is already active"
+    execute(
+        conn, "UPDATE user_exercise_stats_refresh_jobs SET created_at = now() - interval '31 s'"
+    )
+    assert isinstance(stats_defs.stats_refresh_sensor(context), dg.RunRequest)
+    instance.create_run_for_job(job, status=dg.DagsterRunStatus.STARTED)
+    skipped = stats_defs.stats_refresh_sensor(context)
+    assert isinstance(skipped, dg.SkipReason)
+    assert skipped.skip_message == "1 waiting; 2 drains are already active"
 
 
 def test_a_drain_kept_alive_publishes_and_materializes_work_saved_while_it_waits(

@@ -153,6 +153,7 @@ def test_cli_retry(command: Run, conn: Connection, user: uuid.UUID) -> None:
         (["settings", "--backoff-seconds", "99999999999"], "must be a whole number", 2),
         (["drain", "--idle", "0"], "must be a positive whole number", 2),
         (["drain", "--idle", "5", "--lifetime", "x"], "must be a positive whole number", 2),
+        (["drain", "--lifetime", "60"], "--lifetime needs --idle", 1),
     ],
 )
 def test_cli_runbook_errors_are_one_line(

@@ -31,11 +31,11 @@ def test_busiest_window_counts_a_window_of_one_second_only() -> None:
 
 
 def test_unacknowledged_change_is_a_failure_not_a_dropped_sample() -> None:
-    from bench.freshness import figures_for
+    from bench.freshness import lag_figures
 
     lags = [1.0] * 18 + [math.inf] * 2
-    figures = {f.name: f for f in figures_for((("inventory", lags),), smoke=False)}
-    p95 = figures["inventory p95"]
+    figures = {f.name: f for f in lag_figures("inventory", [lags], {0.5: 10, 0.95: 20}, "", True)}
+    p95 = figures["inventory p95 (20 changes)"]
     assert math.isinf(p95.value) and p95.met is False
     failed = next(f for name, f in figures.items() if "never acknowledged" in name)
     assert failed.value == 2 and failed.met is False
@@ -43,10 +43,11 @@ def test_unacknowledged_change_is_a_failure_not_a_dropped_sample() -> None:
 
 
 def test_all_acknowledged_meets_the_goals() -> None:
-    from bench.freshness import figures_for
+    from bench.freshness import STATS_GOALS, lag_figures
 
-    figures = figures_for((("stats", [2.0, 3.0, 4.0]),), smoke=False)
+    figures = lag_figures("stats", [[0.2, 0.3, 0.4], [0.1, 0.2]], STATS_GOALS, "", True)
     assert all(f.met is not False for f in figures)
+    assert figures[0].runs == 2
 
 
 def test_over_runs_reports_median_and_spread() -> None:

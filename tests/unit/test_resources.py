@@ -70,7 +70,21 @@ def test_the_launchpad_shows_op_config_and_no_resource_settings(
 
     monkeypatch.setenv("INVENTORY_STALL_SECONDS", "600")
     for name, expected in [
-        ("stats_drain", {"ops": {"drain_stats": {"config": {"max_rounds": 2000}}}}),
+        (
+            "stats_drain",
+            {
+                "ops": {
+                    "drain_stats": {
+                        # A launchpad drain ends when nothing is claimable, as before.
+                        "config": {
+                            "idle_seconds": 0.0,
+                            "lifetime_seconds": 3600.0,
+                            "max_rounds": 2000,
+                        }
+                    }
+                }
+            },
+        ),
         ("stats_worker_control", {"ops": {"control_stats_worker": {"config": {"action": "show"}}}}),
         ("library_profile_refresh", {}),
         ("provider_observation", {}),
