@@ -15,7 +15,7 @@ from typing import Any, NoReturn, TypeAlias
 from urllib.parse import quote, unquote
 
 import psycopg
-from psycopg import conninfo, sql
+from psycopg import conninfo, pq, sql
 from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
@@ -289,12 +289,20 @@ def fetch_one_armed(
         # inside the block (a connection already lost) is raised after it, so that the
         # block's own end reports the connection rather than logging a second error.
         sent: psycopg.Error | None = None
-        with conn.pipeline():
-            try:
-                conn.execute(arm, arm_params)
-                cursor = conn.execute(query, params)
-            except psycopg.Error as exc:
-                sent = exc
+        try:
+            with conn.pipeline():
+                try:
+                    conn.execute(arm, arm_params)
+                    cursor = conn.execute(query, params)
+                except psycopg.Error as exc:
+                    sent = exc
+        except psycopg.Error:
+            # A pipeline the driver could not leave ("cannot exit pipeline mode while
+            # busy") leaves the session unusable: close it, so its owner reconnects
+            # instead of sending its next statement into the abandoned pipeline.
+            if conn.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+                conn.close()
+            raise
         if sent is not None:
             raise sent
         return cursor.fetchone()

@@ -141,6 +141,21 @@ def manifest_mode(conn: Connection, user: uuid.UUID) -> str:
     return str(row["mode"])
 
 
+def test_a_pipeline_the_driver_cannot_leave_closes_its_session(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A call whose pipeline the driver cannot exit (here a COPY, which pipeline mode
+    refuses; in the chaos run an error left results uncollected) fails as an unreachable
+    database and closes the session: its owner reconnects, and closing it logs no
+    warning of a rollback sent into the abandoned pipeline."""
+    with caplog.at_level(logging.WARNING, logger="psycopg"):
+        with connect(db_url) as session:
+            with pytest.raises(DatabaseUnavailable, match="cannot exit pipeline mode"):
+                fetch_one_armed(session, "SELECT 1", None, "COPY (SELECT 1) TO STDOUT")
+            assert session.closed
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
+
+
 def test_a_batched_account_publishes_what_a_single_compute_computes(
     conn: Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
