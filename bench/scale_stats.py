@@ -36,7 +36,7 @@ from inventory_pipeline.db import (
     transaction,
 )
 from inventory_pipeline.stats import repository as stats_repo
-from inventory_pipeline.stats import service
+from inventory_pipeline.stats import runbook, service
 
 T = TypeVar("T")
 
@@ -186,25 +186,48 @@ def rollover_under_daemon(admin_url: str, users: int, baseline_s: float = BASELI
                     (SAVERS,),
                 ).fetchall()
             ]
-            with daemon(admin_url, url, {}):
+            with daemon(admin_url, url, {}) as storage:
                 time.sleep(10)  # the daemon and its code server come up
                 # Before midnight: the same saves with no rollover due, for comparison.
                 idle_lags, idle_lost, _ = _save_while(
                     conn, rng, savers, today, lambda elapsed: elapsed >= baseline_s
                 )
                 # Midnight: every connection the daemon opens from now on sees the new
-                # date, and every window is due.
+                # date, and every window is due. The drain the sensor keeps alive holds a
+                # connection opened before (a real midnight moves current_date in every
+                # session; this clock is a session setting): a pause ends it and the
+                # resume, once it has ended, lets the sensor start one on a new connection.
                 execute(
                     conn,
                     f'ALTER DATABASE "{database["name"]}" SET inventory.stats_today = '
                     f"'{midnight.isoformat()}'",
                 )
+                runbook.pause(conn)
+                _wait_for_no_drain(storage)
+                runbook.resume(conn)
                 _set_clock(conn, midnight)
                 execute(conn, "UPDATE user_pr_overview_rollover_state SET due_at = now()")
                 lags, lost, rolled_at = _save_while(
                     conn, rng, savers, midnight, lambda _: _not_rolled(conn, midnight) == 0
                 )
     return Rollover(rolled_at, lags, lost, idle_lags, idle_lost)
+
+
+DRAINS_IN_FLIGHT = """
+SELECT count(*) AS n FROM runs
+WHERE pipeline_name = 'stats_drain'
+  AND status IN ('QUEUED', 'NOT_STARTED', 'STARTING', 'STARTED')
+"""
+
+
+def _wait_for_no_drain(storage_url: str, timeout: float = 120.0) -> None:
+    """Until Dagster's run storage shows no stats drain queued or running."""
+    deadline = time.monotonic() + timeout
+    with connect(storage_url) as storage:
+        while (row := fetch_one(storage, DRAINS_IN_FLIGHT)) is not None and row["n"]:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"a stats drain still runs {timeout:.0f} s after the pause")
+            time.sleep(0.5)
 
 
 def _save_while(

@@ -175,24 +175,26 @@ def test_a_drain_kept_alive_publishes_and_materializes_work_saved_while_it_waits
     sf.exercise(conn, "squat")
     early, late = uuid.uuid4(), uuid.uuid4()
     sf.save(conn, early, date(2026, 3, 10), sf.sets(("squat", 100, 5)))
-    results: list[dg.ExecuteInProcessResult] = []
-    run = threading.Thread(
-        target=lambda: results.append(
-            defs.resolve_job_def("stats_drain").execute_in_process(
-                instance=instance,
-                resources={"inventory_db": db},
-                run_config={"ops": {"drain_stats": {"config": {"idle_seconds": 3}}}},
-            )
+
+    def save_once_the_first_is_published() -> None:
+        # Its own connection: the run executes in this process's main thread (Dagster
+        # captures the process's output there).
+        with connect(db_url) as saver:
+            deadline = time.monotonic() + 60
+            while sf.versions(saver, early) != (1, 1) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            sf.save(saver, late, date(2026, 3, 10), sf.sets(("squat", 90, 5)))
+
+    saver = threading.Thread(target=save_once_the_first_is_published)
+    saver.start()
+    try:
+        result = defs.resolve_job_def("stats_drain").execute_in_process(
+            instance=instance,
+            resources={"inventory_db": db},
+            run_config={"ops": {"drain_stats": {"config": {"idle_seconds": 3}}}},
         )
-    )
-    run.start()
-    deadline = time.monotonic() + 60
-    while sf.versions(conn, early) != (1, 1):
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    sf.save(conn, late, date(2026, 3, 10), sf.sets(("squat", 90, 5)))  # while it waits
-    run.join(120)
-    (result,) = results
+    finally:
+        saver.join(90)
     assert result.success
     assert sf.versions(conn, late) == (1, 1)
     published = {
