@@ -155,8 +155,9 @@ def keep_draining(
     """Drain, then sleep until the database notifies that work may have become claimable
     (or `recheck_seconds` pass) and drain again; end when `lifetime_seconds` have passed,
     when a pass that claimed nothing finds the worker paused, or when nothing was claimed
-    for `idle_seconds`. A pass claims at most `max_rounds` and stops at the next report
-    or the lifetime's end. What the drain did reaches `report` at most every
+    for `idle_seconds` after a pass that found nothing claimable (with 0, the first such
+    pass ends it). A pass claims at most `max_rounds` and stops at the next report or the
+    lifetime's end; the next pass follows at once. What the drain did reaches `report` at most every
     `report_seconds`, at the end, and on the way out of an error (the database keeps the
     work either way; the report is what an operator sees). A notification only wakes the
     drain: the claim decides what it may take, so a missed or extra notification changes
@@ -173,12 +174,14 @@ def keep_draining(
             now = time.monotonic()
             if passed.rounds:
                 last_claim = now
+            # A pass cut short by its claims or its clock may have left work claimable.
+            cut = passed.rounds >= max_rounds or now >= until
             end: DrainEnd | None = None
             if now - started >= lifetime_seconds:
                 end = "lifetime"
             elif not passed.rounds and work_waiting(conn).paused:
                 end = "paused"
-            elif now - last_claim >= idle_seconds:
+            elif not cut and now - last_claim >= idle_seconds:
                 end = "idle"
             if end or now >= last_report + report_seconds:
                 if unreported.rounds:
@@ -187,8 +190,7 @@ def keep_draining(
                 last_report = now
             if end:
                 return end
-            # A pass cut short by its claims or its clock may have left work claimable.
-            if passed.rounds < max_rounds and now < until:
+            if not cut:
                 left = min(started + lifetime_seconds, last_claim + idle_seconds) - now
                 repo.wait_for_work(conn, min(recheck_seconds, left))
     except BaseException:
