@@ -90,10 +90,10 @@ def test_a_save_wakes_a_waiting_drain_which_publishes_it(
     time.sleep(0.5)  # the drain found nothing and waits
     user = uuid.uuid4()
     sf.save(conn, user, SESSION, sf.sets(("squat", 100, 5)))
-    until(lambda: sf.versions(conn, user) == (1, 1), timeout=3)
+    until(lambda: sf.versions(conn, user) == (1, 1), timeout=15)
     second = uuid.uuid4()
     sf.save(conn, second, SESSION, sf.sets(("squat", 80, 5)))
-    until(lambda: sf.versions(conn, second) == (1, 1), timeout=3)
+    until(lambda: sf.versions(conn, second) == (1, 1), timeout=15)
     assert drain.join() == "idle"
     assert sorted(u for u, _, _ in drain.published) == sorted([user, second])
 
@@ -113,7 +113,7 @@ def test_a_merge_wakes_a_drain_whose_claim_passed_the_job_by(
             drain = kept_alive(idle_seconds=8, lifetime_seconds=120, recheck_seconds=3600)
             time.sleep(1.5)  # its first pass passed the held job by; it waits
             assert sf.versions(conn, user) == (1, 0)
-        until(lambda: sf.versions(conn, user) == (2, 2), timeout=5)
+        until(lambda: sf.versions(conn, user) == (2, 2), timeout=15)
     assert drain.join() == "idle"
 
 
@@ -173,10 +173,10 @@ def test_pausing_the_worker_ends_a_waiting_drain_at_once(
     drain = kept_alive(idle_seconds=600, lifetime_seconds=600, recheck_seconds=3600)
     time.sleep(0.5)
     runbook.pause(conn)
-    assert drain.join(timeout=10) == "paused"
+    assert drain.join(timeout=30) == "paused"
     user = uuid.uuid4()
     sf.save(conn, user, SESSION, sf.sets(("squat", 100, 5)))
-    assert kept_alive(idle_seconds=600, lifetime_seconds=600).join(timeout=10) == "paused"
+    assert kept_alive(idle_seconds=600, lifetime_seconds=600).join(timeout=30) == "paused"
     assert sf.versions(conn, user) == (1, 0)
     runbook.resume(conn)
     assert kept_alive(idle_seconds=0.5, lifetime_seconds=600).join() == "idle"
