@@ -32,6 +32,7 @@ from chaos.servers import free_port
 from inventory_pipeline import definitions
 from inventory_pipeline.db import Connection, connect, fetch_all
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
+from inventory_pipeline.defs import stats as stats_defs
 from inventory_pipeline.deployment import (
     DAEMON_COMMAND,
     INSTANCE_MIGRATE_COMMAND,
@@ -83,6 +84,8 @@ def test_deploy_instance_limits_every_queue_tag_as_the_dev_instance_does() -> No
     deployed = queue_limits(DEPLOY / "dagster.yaml")
     assert set(deployed) == tags
     assert deployed == queue_limits(ROOT / "dagster.yaml")
+    # The stats sensor launches a second drain only up to the queue's limit.
+    assert deployed["stats_drain"] == stats_defs.DRAINS_AT_ONCE
 
 
 def test_deploy_workspace_points_only_at_a_grpc_code_server() -> None:
