@@ -110,6 +110,55 @@ def validate_url(url: str) -> None:
 # after this long and its locks (a settings share lock, say) stop blocking writers.
 IDLE_IN_TRANSACTION_MS = 30_000
 
+# A silent network (a partition, a host lost without closing its sockets) sends no FIN or
+# RST, so without these a session would hang on both ends for the kernel's defaults
+# (hours). Both ends probe an idle connection after 10 s, every 5 s, and give up after 3
+# unanswered probes; data sent and not acknowledged for 25 s ends the connection; a
+# server running a statement checks every 5 s that its client is still there. So the
+# server ends a cut-off host's sessions (rolling back their transactions, releasing
+# their locks) within about 30 s of the cut, and the host's own calls fail as an
+# unreachable database instead of waiting (docs/deployment.md#failure-guarantees).
+# Each libpq parameter a URL sets itself wins; the server's side follows the values the
+# connection uses.
+KEEPALIVES = {
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "25000",
+}
+CLIENT_CONNECTION_CHECK_MS = 5_000
+
+# libpq parameter -> the server's setting of the same meaning for this session.
+SERVER_KEEPALIVES = {
+    "keepalives_idle": "tcp_keepalives_idle",
+    "keepalives_interval": "tcp_keepalives_interval",
+    "keepalives_count": "tcp_keepalives_count",
+    "tcp_user_timeout": "tcp_user_timeout",
+}
+
+SESSION_SETTINGS = """
+SELECT set_config('idle_in_transaction_session_timeout', %(idle_in_transaction)s, false),
+       set_config('client_connection_check_interval', %(client_check)s, false),
+       set_config('tcp_keepalives_idle', %(keepalives_idle)s, false),
+       set_config('tcp_keepalives_interval', %(keepalives_interval)s, false),
+       set_config('tcp_keepalives_count', %(keepalives_count)s, false),
+       set_config('tcp_user_timeout', %(tcp_user_timeout)s, false)
+"""
+
+
+def network_settings(url: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(libpq parameters to add to `url`: the defaults it does not set itself, the
+    server's settings for the session: the values the connection ends up with; a URL
+    that turns keepalives off (keepalives=0) leaves the server's own probes off too)."""
+    given = {k: str(v) for k, v in conninfo.conninfo_to_dict(url).items() if v is not None}
+    added = {key: value for key, value in KEEPALIVES.items() if key not in given}
+    used = {**KEEPALIVES, **given}
+    server = {key: used[key] for key in SERVER_KEEPALIVES}
+    if used["keepalives"] == "0":
+        server.update(keepalives_idle="0", keepalives_interval="0", keepalives_count="0")
+    return added, server
+
 
 def connect(
     url: str,
@@ -117,11 +166,13 @@ def connect(
     application_name: str = "inventory_pipeline",
     idle_in_transaction_ms: int = IDLE_IN_TRANSACTION_MS,
 ) -> Connection:
-    """Open an autocommit connection with dict rows."""
+    """Open an autocommit connection with dict rows, whose both ends give up on a silent
+    network within a bound (see KEEPALIVES)."""
     validate_url(url)
+    added, server = network_settings(url)
     try:
         conn = psycopg.connect(
-            url,
+            conninfo.make_conninfo(url, **added),
             autocommit=True,
             row_factory=dict_row,
             connect_timeout=5,
@@ -135,8 +186,12 @@ def connect(
         ) from None
     with translate_errors():
         conn.execute(
-            "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
-            (f"{idle_in_transaction_ms}ms",),
+            SESSION_SETTINGS,
+            {
+                "idle_in_transaction": f"{idle_in_transaction_ms}ms",
+                "client_check": f"{CLIENT_CONNECTION_CHECK_MS}ms",
+                **server,
+            },
         )
     return conn
 
