@@ -26,6 +26,7 @@ from inventory_pipeline.db.connection import (
     database_name,
     url_with_database,
     validate_url,
+    with_keepalives,
 )
 from inventory_pipeline.db.embedded import EmbeddedServer
 from inventory_pipeline.db.migrator import migrate, require_current
@@ -85,10 +86,12 @@ class Deployment:
 
 def dagster_storage_url(url: str) -> str:
     """dagster-postgres must run on psycopg2 (with psycopg 3 beside SQLAlchemy 2.1 its
-    event writes fail), so its URL names the driver explicitly."""
+    event writes fail), so its URL names the driver explicitly; it carries the same
+    bounds on a silent network as the pipeline's own connections (`with_keepalives`)."""
     for prefix in ("postgresql+psycopg2://", "postgresql://", "postgres://"):
         if url.startswith(prefix):
-            return "postgresql+psycopg2://" + url[len(prefix) :]
+            plain = with_keepalives("postgresql://" + url[len(prefix) :])
+            return "postgresql+psycopg2://" + plain[len("postgresql://") :]
     raise SettingsError(f"Dagster storage URL must be a PostgreSQL URL, got {url.split(':')[0]}:")
 
 

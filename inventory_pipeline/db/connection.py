@@ -160,6 +160,20 @@ def network_settings(url: str) -> tuple[dict[str, str], dict[str, str]]:
     return added, server
 
 
+def with_keepalives(url: str) -> str:
+    """`url` with the same bounds for a connection made by another driver (Dagster's
+    storage, on psycopg2): the libpq parameters it does not set, and, when it sets no
+    `options` of its own, the server's side of them as `-c` settings at connect."""
+    added, server = network_settings(url)
+    params = {k: str(v) for k, v in conninfo.conninfo_to_dict(url).items() if v is not None}
+    params.update(added)
+    if "options" not in params:
+        params["options"] = " ".join(
+            f"-c {SERVER_KEEPALIVES[key]}={value}" for key, value in server.items()
+        )
+    return build_url(params)
+
+
 def connect(
     url: str,
     *,
@@ -493,4 +507,5 @@ __all__ = [
     "transaction",
     "url_with_database",
     "validate_url",
+    "with_keepalives",
 ]

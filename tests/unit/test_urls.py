@@ -105,3 +105,17 @@ def test_malformed_url_message_holds_no_password() -> None:
     from inventory_pipeline.db.connection import scrub
 
     assert scrub("bad token s3cr%zzet", url) == "bad token ***"
+
+
+def test_dagster_storage_carries_the_same_network_bounds() -> None:
+    """Dagster's storage connections (psycopg2) get the keepalives and TCP user timeout
+    the URL lacks, and the server's side as `options`, unless it sets options itself."""
+    query = sqlalchemy("postgresql://u@db.internal/inv?keepalives_idle=30")
+    assert query["keepalives"] == "1" and query["keepalives_idle"] == "30"
+    assert query["tcp_user_timeout"] == "25000"
+    assert query["options"] == (
+        "-c tcp_keepalives_idle=30 -c tcp_keepalives_interval=5"
+        " -c tcp_keepalives_count=3 -c tcp_user_timeout=25000"
+    )
+    own = sqlalchemy("postgresql://u@db.internal/inv?options=-c%20search_path%3Dops")
+    assert own["options"] == "-c search_path=ops"
