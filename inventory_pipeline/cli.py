@@ -15,6 +15,7 @@ import contextlib
 import getpass
 import os
 import re
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -35,6 +36,8 @@ from inventory_pipeline.deployment import (
     provision,
     reach,
 )
+from inventory_pipeline.leases import service as leases
+from inventory_pipeline.leases.models import LeaseOverview
 from inventory_pipeline.profiles import service
 from inventory_pipeline.provider.standin import StandIn
 from inventory_pipeline.recovery import service as recovery
@@ -531,6 +534,7 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
         wakeup = credentials.status(conn)
         stats_status = stats.worker_status(conn)
         rollover = stats_maintenance.rollover_overview(conn)
+        lapses = leases.overview(conn)
     print(f"dirty libraries      {overview.dirty}")
     print(f"pending requests     {overview.pending} ({overview.claimable} claimable now)")
     print(f"running requests     {overview.running}")
@@ -584,7 +588,37 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
         f"attempts); oldest success {rollover.get('oldest_success') or '-'}; "
         f"last error {rollover.get('last_error') or '-'}"
     )
+    for line in lease_lines(lapses):
+        print(line)
     return 0
+
+
+def drain_owner() -> str:
+    """The lock owner a command-line drain claims as: which host and process, so that
+    `status` can say whose lease lapsed."""
+    return f"cli:{socket.gethostname()}:{os.getpid()}"
+
+
+def _counted(counts: dict[str, int]) -> str:
+    return ", ".join(f"{kind} {n}" for kind, n in sorted(counts.items()) if n) or "none"
+
+
+def lease_lines(lapses: LeaseOverview) -> list[str]:
+    """Which leases ran out before their holder finished and who took the work back
+    (the last hour's, latest first), and which have run out and wait to be taken."""
+    hours = lapses.window_seconds // 3600
+    lines = [
+        f"lapsed leases        {sum(lapses.lapsed.values())} taken back in the last "
+        f"{'hour' if hours == 1 else f'{hours} hours'}: {_counted(lapses.lapsed)}; "
+        f"run out, not yet taken back: {_counted(lapses.expired)}"
+    ]
+    for lease in lapses.latest:
+        taken = f"taken by {lease.taken_by}" if lease.taken_by else "back in the queue"
+        lines.append(
+            f"  {lease.taken_at:%H:%M:%S} {lease.kind} {lease.work}: lease of "
+            f"{lease.holder or '-'} ran out {lease.lapsed_at:%H:%M:%S}, {taken}"
+        )
+    return lines
 
 
 def _print_notice(level: str, message: str) -> None:
@@ -685,7 +719,7 @@ def _stats_drain(args: argparse.Namespace, settings: Settings) -> int:
         raise CliError("--lifetime needs --idle: a drain without it ends when idle")
     with reach(settings) as deployment, connect(deployment.app_url) as conn:
         if args.idle is None:
-            summary = stats.drain(conn, "cli", max_rounds=args.rounds)
+            summary = stats.drain(conn, drain_owner(), max_rounds=args.rounds)
         else:
             reports: list[DrainSummary] = []
 
@@ -695,7 +729,7 @@ def _stats_drain(args: argparse.Namespace, settings: Settings) -> int:
 
             end = stats.keep_draining(
                 conn,
-                "cli",
+                drain_owner(),
                 idle_seconds=args.idle,
                 lifetime_seconds=args.lifetime or 3600,
                 report=report,

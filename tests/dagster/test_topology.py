@@ -379,7 +379,7 @@ SELECT count(*) AS n FROM user_stats_projection_runs
 WHERE phase IN ('claimed', 'computed') AND lease_until > now() AND retry_not_before IS NULL
 """
 PUBLISHED_BY = """
-SELECT CASE WHEN lock_owner LIKE 'dagster:%%' THEN 'dagster' ELSE lock_owner END AS host,
+SELECT split_part(lock_owner, ':', 1) AS host,
        count(*) AS n
 FROM user_stats_projection_runs WHERE phase = 'published' GROUP BY 1
 """

@@ -23,13 +23,15 @@ from inventory_pipeline.db.connection import (
 )
 
 # The schema files in the order a fresh database takes them: a capability's file may use
-# the objects of the files before it (the recovery triggers sit on the inventory's items).
+# the objects of the files before it (the recovery triggers sit on the inventory's items,
+# the lapsed-lease triggers on every capability's leases).
 SCHEMA_FILES = (
     "inventory_pipeline.profiles",
     "inventory_pipeline.recovery",
     "inventory_pipeline.credentials",
     "inventory_pipeline.revalidation",
     "inventory_pipeline.stats",
+    "inventory_pipeline.leases",
 )
 # The migrator's own ledger, which no schema file describes.
 LEDGER = "schema_migrations"

@@ -1,0 +1,85 @@
+-- Lapsed leases (docs/deployment.md#failure-guarantees): every lease that ran out
+-- before its holder finished is recorded as the database takes the work back: the
+-- work, the holder (a stats run's lock owner; for other leases the start of the lease
+-- token), when the lease ran out, and who took the work (NULL: returned to the queue, or
+-- restarted under a new stats run). Triggers on the four kinds of lease write it, so no
+-- code path can take lapsed work back unrecorded; the late holder's own writes are
+-- refused by the lease fences and record nothing. `inventory-pipeline status` lists the
+-- last hour's; rows older than a week are deleted as new ones arrive.
+CREATE TABLE lapsed_leases (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    kind text NOT NULL,
+    work text NOT NULL,
+    holder text,
+    lapsed_at timestamptz NOT NULL,
+    taken_by text,
+    taken_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX lapsed_leases_taken_at ON lapsed_leases (taken_at);
+
+CREATE FUNCTION record_lapsed_lease()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'public'
+AS $function$
+BEGIN
+    DELETE FROM lapsed_leases WHERE taken_at < now() - interval '7 days';
+    IF TG_TABLE_NAME = 'profile_refresh_requests' THEN
+        INSERT INTO lapsed_leases (kind, work, holder, lapsed_at, taken_by)
+        VALUES ('profile request', NEW.id || ' for library ' || NEW.library_id,
+                'lease ' || left(OLD.lease_token::text, 8), OLD.lease_expires_at,
+                'lease ' || left(NEW.lease_token::text, 8));
+    ELSIF TG_TABLE_NAME = 'user_stats_projection_runs' THEN
+        INSERT INTO lapsed_leases (kind, work, holder, lapsed_at, taken_by)
+        VALUES ('stats run', NEW.id || ' for user ' || NEW.user_id, OLD.lock_owner,
+                OLD.lease_until,
+                CASE WHEN NEW.lock_owner IS DISTINCT FROM OLD.lock_owner THEN NEW.lock_owner END);
+    ELSIF TG_TABLE_NAME = 'media_server_items' THEN
+        INSERT INTO lapsed_leases (kind, work, holder, lapsed_at, taken_by)
+        VALUES ('observation', 'of item ' || NEW.id,
+                'lease ' || left(OLD.observation_lease_token::text, 8),
+                OLD.observation_lease_expires_at,
+                'lease ' || left(NEW.observation_lease_token::text, 8));
+    ELSE
+        INSERT INTO lapsed_leases (kind, work, holder, lapsed_at, taken_by)
+        VALUES ('credential probe', 'of key generation ' || OLD.probe_generation,
+                'lease ' || left(OLD.probe_lease_token::text, 8), OLD.probe_lease_expires_at,
+                'lease ' || left(NEW.probe_lease_token::text, 8));
+    END IF;
+    RETURN NULL;
+END
+$function$;
+
+-- A running request whose lease ran out goes back to the queue (the planner's expiry)
+-- or to a new claim: either way another lease token replaces the lapsed one.
+CREATE TRIGGER profile_refresh_requests_lapsed_lease
+    AFTER UPDATE OF lease_token ON profile_refresh_requests
+    FOR EACH ROW WHEN (OLD.status = 'running' AND OLD.lease_expires_at <= now()
+                       AND NEW.lease_token IS DISTINCT FROM OLD.lease_token)
+    EXECUTE FUNCTION record_lapsed_lease();
+-- A claimed or computed run whose lease ran out (not one waiting out a retry, which
+-- keeps its claim) taken by another owner, or retired so that its job starts again.
+CREATE TRIGGER user_stats_projection_runs_lapsed_lease
+    AFTER UPDATE OF lock_owner, phase ON user_stats_projection_runs
+    FOR EACH ROW WHEN (OLD.phase IN ('claimed', 'computed') AND OLD.retry_not_before IS NULL
+                       AND OLD.lease_until <= now()
+                       AND (NEW.lock_owner IS DISTINCT FROM OLD.lock_owner
+                            OR (NEW.phase = 'failed' AND NEW.error = 'lease expired')))
+    EXECUTE FUNCTION record_lapsed_lease();
+CREATE TRIGGER media_server_items_lapsed_lease
+    AFTER UPDATE OF observation_lease_token ON media_server_items
+    FOR EACH ROW WHEN (OLD.observation_lease_token IS NOT NULL
+                       AND OLD.observation_lease_expires_at <= now()
+                       AND NEW.observation_lease_token IS NOT NULL
+                       AND NEW.observation_lease_token <> OLD.observation_lease_token)
+    EXECUTE FUNCTION record_lapsed_lease();
+CREATE TRIGGER credential_wakeups_lapsed_lease
+    AFTER UPDATE OF probe_lease_token ON credential_wakeups
+    FOR EACH ROW WHEN (OLD.probe_lease_token IS NOT NULL
+                       AND OLD.probe_lease_expires_at <= now()
+                       AND NEW.probe_lease_token IS NOT NULL
+                       AND NEW.probe_lease_token <> OLD.probe_lease_token)
+    EXECUTE FUNCTION record_lapsed_lease();
+
+REVOKE ALL ON FUNCTION record_lapsed_lease() FROM PUBLIC;
