@@ -14,6 +14,8 @@ import os
 import random
 from pathlib import Path
 
+from chaos import netns
+from chaos.partition import PLAN_SECONDS, PLANS, Site
 from chaos.run import run
 from chaos.servers import EmbeddedChaosServer, PrivateCluster, Server
 
@@ -21,7 +23,9 @@ from chaos.servers import EmbeddedChaosServer, PrivateCluster, Server
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m chaos")
     parser.add_argument("--seed", type=int, help="the first seed (default: random)")
-    parser.add_argument("--seconds", type=float, default=60.0, help="chaos per run")
+    parser.add_argument(
+        "--seconds", type=float, help="chaos per run (default 60; --network: as its plan needs)"
+    )
     parser.add_argument("--runs", type=int, default=1, help="consecutive seeds to run")
     parser.add_argument(
         "--server",
@@ -42,11 +46,28 @@ def main() -> int:
     parser.add_argument(
         "--no-daemon", action="store_true", help="leave the Dagster daemon out (faster)"
     )
+    parser.add_argument(
+        "--network",
+        choices=sorted(PLANS),
+        help="on separate hosts (network namespaces, as root) under network faults instead"
+        " of process faults: short (one cut and heal) or long (chaos/partition.py)",
+    )
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(10**6)
+    seconds = args.seconds or (PLAN_SECONDS[args.network] if args.network else 60.0)
     configured = os.environ.get("INVENTORY_TEST_DATABASE_URL")
     server: Server
-    if args.server == "private":
+    site: Site | None = None
+    if args.network:
+        why = netns.available()
+        bindir = args.pg_bin if args.pg_bin.exists() else netns.postgres_bindir()
+        if why is not None or bindir is None:
+            print(f"--network: {why or 'no PostgreSQL binaries under /usr/lib/postgresql'}")
+            return 2
+        site = Site.create(args.network, bindir)
+        assert site.server is not None
+        server = site.server
+    elif args.server == "private":
         server = PrivateCluster(args.pg_bin)
     elif args.server == "auto" and configured:
         server = Server(configured, restartable=args.restart_shared)
@@ -55,12 +76,15 @@ def main() -> int:
     failed = []
     try:
         for n in range(args.runs):
-            report = run(server, seed + n, args.seconds, daemon=not args.no_daemon)
+            report = run(server, seed + n, seconds, daemon=not args.no_daemon, site=site)
             print("\n".join(report.lines()), flush=True)
             if report.divergences:
                 failed.append(seed + n)
     finally:
-        server.stop()
+        if site is not None:
+            site.close()  # the server with it
+        else:
+            server.stop()
     if failed:
         print(f"diverged: seeds {failed}")
         return 1

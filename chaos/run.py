@@ -70,9 +70,11 @@ from chaos.config import (
     WRONG_KEY,
 )
 from chaos.daemon import Daemon, dagster_divergences
+from chaos.partition import WORKER_HOSTS, DeployedDagster, Site, fault_divergences, remote
 from chaos.servers import Server
 from chaos.worker import ROLES, application_name
 from chaos.workload import Workload, drop_writer_role
+from inventory_pipeline.cli import lease_lines
 from inventory_pipeline.db import (
     Connection,
     DatabaseError,
@@ -83,6 +85,7 @@ from inventory_pipeline.db import (
 )
 from inventory_pipeline.db.connection import create_database, drop_database, url_with_database
 from inventory_pipeline.db.migrator import migrate
+from inventory_pipeline.leases import service as leases
 from inventory_pipeline.provider import admission
 from inventory_pipeline.provider.standin import StandIn
 from inventory_pipeline.stats import runbook, service
@@ -124,6 +127,7 @@ class Worker:
     log: Path
     process: subprocess.Popen[bytes] | None = None
     pause: threading.Timer | None = None  # set while stopped: the timer that resumes it
+    host: str | None = None  # its host, on separate hosts (chaos/partition.py)
 
 
 @dataclass
@@ -163,6 +167,9 @@ class Report:
     merges: Counter[str] = field(default_factory=Counter)  # by variant
     reviewed: Counter[str] = field(default_factory=Counter)  # operator decisions
     replacements: dict[str, object] = field(default_factory=dict)
+    network: str | None = None  # the fault plan, on separate hosts
+    network_faults: list[str] = field(default_factory=list)  # each fault's timings
+    operator_view: list[str] = field(default_factory=list)  # status's lapsed leases
     divergences: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
@@ -172,7 +179,8 @@ class Report:
         out = [
             f"seed {self.seed}, {self.seconds:.0f} s of chaos,"
             f" replay: python -m chaos --seed {self.seed} --seconds {self.seconds:g}"
-            + ("" if self.daemon else " --no-daemon"),
+            + ("" if self.daemon else " --no-daemon")
+            + (f" --network {self.network}" if self.network else ""),
             f"runs (worker processes started): {self.runs}",
             f"kills: {counted(self.kills)}",
             f"pauses past the lease: {counted(self.pauses)}",
@@ -211,6 +219,8 @@ class Report:
             out.append(f"unexpected refusal x{count}: {line}")
         for line, count in self.worker_errors.most_common(8):
             out.append(f"worker error x{count}: {line}")
+        out.extend(f"network fault: {line}" for line in self.network_faults)
+        out.extend(f"status: {line}" for line in self.operator_view)
         out.append(f"divergences: {len(self.divergences)}")
         out.extend(f"  {d}" for d in self.divergences)
         return out
@@ -316,15 +326,31 @@ class FreshnessWatch(threading.Thread):
 
 class Harness:
     def __init__(
-        self, url: str, standin: StandIn, logs: Path, report: Report, server: Server
+        self,
+        url: str,
+        standin: StandIn,
+        logs: Path,
+        report: Report,
+        server: Server,
+        site: Site | None = None,
     ) -> None:
         self.url = url
         self.standin = standin
         self.report = report
         self.server = server
-        self.workers = [
-            Worker(role, logs / f"{role}-{n}.log") for role in ROLES for n in range(WORKERS[role])
-        ]
+        self.site = site
+        if site is None:
+            self.workers = [
+                Worker(role, logs / f"{role}-{n}.log")
+                for role in ROLES
+                for n in range(WORKERS[role])
+            ]
+        else:  # every role on every worker host, so each host's work can be taken over
+            self.workers = [
+                Worker(role, logs / f"{role}-{n}.log", host=site.host_of(n))
+                for role in ROLES
+                for n in range(max(WORKERS[role], len(WORKER_HOSTS)))
+            ]
         self.lock = threading.Lock()
         self.faults: list[tuple[str, float, float]] = []  # kind, start, end (epoch s)
         # The operator's decisions while settling: a stream of their own, replayable.
@@ -332,9 +358,17 @@ class Harness:
 
     def start(self, worker: Worker) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        command = [sys.executable, "-m", "chaos.worker", worker.role]
+        if self.site is None or worker.host is None:
+            command += [self.url, self.standin.url]
+        else:
+            command = self.site.place(
+                worker.host,
+                [*command, remote(self.site, self.url), self.site.provider_urls[worker.host]],
+            )
         with worker.log.open("ab") as log:
             worker.process = subprocess.Popen(
-                [sys.executable, "-m", "chaos.worker", worker.role, self.url, self.standin.url],
+                command,
                 cwd=ROOT,
                 env=env,
                 stdout=subprocess.DEVNULL,
@@ -347,6 +381,12 @@ class Harness:
         """A worker that exited on its own crashed: count it and start it again."""
         with self.lock:
             for worker in self.workers:
+                if (
+                    worker.host is not None
+                    and self.site is not None
+                    and self.site.lost(worker.host)
+                ):
+                    continue  # a host lost for good starts nothing again
                 if worker.process is not None and worker.process.poll() is not None:
                     self.report.exits[worker.role] += 1
                     self.start(worker)
@@ -448,11 +488,15 @@ class Harness:
                 (kind, started - 1.0, ended + 1.0),
             )
 
+    def pids_on(self, host: str) -> list[int]:
+        return [w.process.pid for w in self.workers if w.host == host and w.process is not None]
+
     def stop(self) -> None:
         self.resume_all()
         for worker in self.workers:
             if worker.process is not None and worker.process.poll() is None:
                 os.kill(worker.process.pid, signal.SIGKILL)
+                os.kill(worker.process.pid, signal.SIGCONT)  # frozen on a lost host
                 worker.process.wait()
 
     def errors(self) -> Counter[str]:
@@ -623,13 +667,18 @@ def run(
     seconds: float,
     log: Callable[[str], None] = print,
     daemon: bool = False,
+    site: Site | None = None,
 ) -> Report:
     """One seeded run on `server` (a maintenance URL: a server the harness may not
-    restart). With `daemon`, the real Dagster daemon takes part."""
+    restart). With `daemon`, the real Dagster daemon takes part. With `site`, on
+    separate hosts under its network faults instead of process faults
+    (chaos/partition.py); `server` is then the site's."""
     if isinstance(server, str):
         server = Server(server, restartable=False)
     admin_url = server.admin_url
     report = Report(seed=seed, seconds=seconds, daemon=daemon)
+    if site is not None:
+        report.network = site.plan_name
     database = f"inventory_chaos_{uuid.uuid4().hex[:10]}"
     with connect(admin_url) as admin:
         create_database(admin, database)
@@ -654,8 +703,14 @@ def run(
                 reconnect=lambda: connect(url, application_name="chaos.workload"),
             )
             workload.setup()
-            harness = Harness(url, standin, Path(logs), report, server)
-            if daemon:
+            if site is not None:
+                site.serve(standin)
+            harness = Harness(url, standin, Path(logs), report, server, site)
+            if daemon and site is not None:
+                dagster = DeployedDagster(site, admin_url, url, standin.url, Path(logs))
+                dagster.start()
+                report.dagster_first = dagster.first_acknowledgement(url, DAEMON_FIRST_ACK_SECONDS)
+            elif daemon:
                 dagster = Daemon(admin_url, url, standin.url, Path(logs))
                 dagster.start()
                 report.dagster_first = dagster.first_acknowledgement(url, DAEMON_FIRST_ACK_SECONDS)
@@ -723,6 +778,8 @@ def run(
                 report.ack_rate = best_ack_rate(conn)
                 report.replacements = replacements.summary(conn)
                 report.divergences += _checks(conn, report, harness)
+                if site is not None:  # what `inventory-pipeline status` shows the operator
+                    report.operator_view = lease_lines(leases.overview(conn, latest=3))
     finally:
         if dagster is not None:
             dagster.stop()
@@ -753,6 +810,8 @@ def _checks(conn: Connection, report: Report, harness: Harness) -> list[str]:
     out += [f"write refused: {line}" for line in report.unexpected_refusals]
     if report.daemon:
         out += dagster_divergences(report.dagster_share, report.dagster_failed, harness.faults)
+    if harness.site is not None:
+        out += fault_divergences(harness.site.records, len(harness.site.plan))
     out += bounds(report)
     out += unexercised(report, harness.server.restartable)
     for secret, what in ((API_KEY, "the TMDb key"), (WRONG_KEY, "a rejected key")):
@@ -819,7 +878,11 @@ def _chaos(
             # once, at targets of its own stream (whether a try finds a session or a
             # claim holder is up to the scheduler), so the drawn schedule stays a
             # function of the seed.
-            if op == owed_at:
+            if harness.site is not None:  # the network's faults instead of the processes'
+                faults, owed = [], set()
+                for fault in harness.site.due(op, total):
+                    harness.site.inject(fault, harness.url, harness.pids_on(fault.host))
+            elif op == owed_at:
                 owed = {k for k in RANDOM_FAULTS if not exercised(harness.report)[k]}
             faults += [
                 (k, owed_rng.choice(harness.workers), owed_rng.random() < 0.5) for k in sorted(owed)
@@ -853,6 +916,11 @@ def _chaos(
         admin.close()
     workload.end_storm()
     harness.resume_all()
+    if harness.site is not None:
+        log("  waiting for the network faults to heal")
+        for record in harness.site.finish():
+            harness.faults.append((record.fault.kind, record.started, record.ended or time.time()))
+            harness.report.network_faults.append(record.line())
 
 
 # The faults the schedule draws per operation, and the counters that say each fired.
@@ -889,7 +957,10 @@ def exercised(report: Report, restartable: bool = False) -> dict[str, int]:
 
 def unexercised(report: Report, restartable: bool) -> list[str]:
     """Every enabled fault must have fired: a run that injected none of a kind proves
-    nothing about it."""
+    nothing about it. On separate hosts the process faults are off and the network's
+    are planned (each one's record is checked by `fault_divergences`)."""
+    if report.network is not None:
+        return []
     return [
         f"fault not exercised: {kind}"
         for kind, count in exercised(report, restartable).items()

@@ -474,6 +474,7 @@ class StandIn:
         self._server = _Server(("127.0.0.1", port), _Handler)
         self._server.state = StandInState(api_key=api_key, missing_every=missing_every)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._more: list[tuple[_Server, threading.Thread]] = []
 
     @property
     def state(self) -> StandInState:
@@ -488,10 +489,23 @@ class StandIn:
         self._thread.start()
         return self
 
+    def also_listen(self) -> str:
+        """Serve the same state on one more port of 127.0.0.1, bound in the calling
+        thread's network namespace (a harness that runs hosts in namespaces gives each
+        host the stand-in on its own loopback); the new listener's URL."""
+        server = _Server(("127.0.0.1", 0), _Handler)
+        server.state = self._server.state
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        self._more.append((server, thread))
+        host, port = server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        for server, thread in [(self._server, self._thread), *self._more]:
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)
 
     def __enter__(self) -> StandIn:
         return self.start()
