@@ -381,19 +381,25 @@ def _sessions(conn: Connection, address: str) -> int:
     return int(row["n"]) if row else 0
 
 
+# Whose work shows that a host works again: its workers' (by process id), or for the
+# Dagster host its runs' (every session that is not the harness's).
+BY_HOST = "actor LIKE ANY(%(like)s)"
+BY_DAGSTER = "actor NOT LIKE 'chaos.%%'"
+
+
 def _await_rejoin(conn: Connection, pids: list[int], since: float) -> float | None:
-    """Seconds after `since` until a worker of the host published stats or acknowledged
-    a profile request (its processes reconnect after the heal)."""
+    """Seconds after `since` until the host published stats or acknowledged a profile
+    request (its processes reconnect after the heal; Dagster's sensors launch runs)."""
     started = time.time()
-    like = [f"chaos.%.{pid}" for pid in pids]
+    by = BY_HOST if pids else BY_DAGSTER
     while time.time() - started < REJOIN_SECONDS:
         row = fetch_one(
             conn,
             "SELECT (SELECT count(*) FROM chaos_stats_publications WHERE published_at >="
-            " to_timestamp(%(since)s) AND actor LIKE ANY(%(like)s))"
+            f" to_timestamp(%(since)s) AND {by})"
             " + (SELECT count(*) FROM chaos_profile_acks WHERE acked_at >="
-            " to_timestamp(%(since)s) AND actor LIKE ANY(%(like)s)) AS n",
-            {"since": since, "like": like},
+            f" to_timestamp(%(since)s) AND {by}) AS n",
+            {"since": since, "like": [f"chaos.%.{pid}" for pid in pids]},
         )
         if row is not None and row["n"]:
             return time.time() - since
@@ -430,7 +436,7 @@ def fault_divergences(records: list[FaultRecord], planned: int) -> list[str]:
                 f"{f.kind} {f.host}: {record.left_held} stats leases of its still live at the"
                 f" window's end ({line})"
             )
-        if f.kind != "lose" and f.host != DAGSTER_HOST and record.rejoin is None:
+        if f.kind != "lose" and record.rejoin is None:
             out.append(f"{f.kind} {f.host}: never worked again after the heal ({line})")
     return out
 

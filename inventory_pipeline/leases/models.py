@@ -10,7 +10,7 @@ from datetime import datetime
 class LapsedLease:
     kind: str  # profile request, stats run, observation, credential probe
     work: str  # which one, read after the kind: "12 for library 3", "of item 7", ...
-    holder: str | None  # a stats run's lock owner, else the start of the lease token
+    holder: str | None  # a stats run's lock owner, else "token " and the start of the token
     lapsed_at: datetime
     taken_by: str | None  # None: returned to the queue, or restarted under a new run
     taken_at: datetime

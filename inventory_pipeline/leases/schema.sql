@@ -28,8 +28,8 @@ BEGIN
     IF TG_TABLE_NAME = 'profile_refresh_requests' THEN
         INSERT INTO lapsed_leases (kind, work, holder, lapsed_at, taken_by)
         VALUES ('profile request', NEW.id || ' for library ' || NEW.library_id,
-                'lease ' || left(OLD.lease_token::text, 8), OLD.lease_expires_at,
-                'lease ' || left(NEW.lease_token::text, 8));
+                'token ' || left(OLD.lease_token::text, 8), OLD.lease_expires_at,
+                'token ' || left(NEW.lease_token::text, 8));
     ELSIF TG_TABLE_NAME = 'user_stats_projection_runs' THEN
         INSERT INTO lapsed_leases (kind, work, holder, lapsed_at, taken_by)
         VALUES ('stats run', NEW.id || ' for user ' || NEW.user_id, OLD.lock_owner,
@@ -38,14 +38,14 @@ BEGIN
     ELSIF TG_TABLE_NAME = 'media_server_items' THEN
         INSERT INTO lapsed_leases (kind, work, holder, lapsed_at, taken_by)
         VALUES ('observation', 'of item ' || NEW.id,
-                'lease ' || left(OLD.observation_lease_token::text, 8),
+                'token ' || left(OLD.observation_lease_token::text, 8),
                 OLD.observation_lease_expires_at,
-                'lease ' || left(NEW.observation_lease_token::text, 8));
+                'token ' || left(NEW.observation_lease_token::text, 8));
     ELSE
         INSERT INTO lapsed_leases (kind, work, holder, lapsed_at, taken_by)
         VALUES ('credential probe', 'of key generation ' || OLD.probe_generation,
-                'lease ' || left(OLD.probe_lease_token::text, 8), OLD.probe_lease_expires_at,
-                'lease ' || left(NEW.probe_lease_token::text, 8));
+                'token ' || left(OLD.probe_lease_token::text, 8), OLD.probe_lease_expires_at,
+                'token ' || left(NEW.probe_lease_token::text, 8));
     END IF;
     RETURN NULL;
 END

@@ -57,7 +57,7 @@ def test_a_profile_request_whose_lease_ran_out_is_recorded_back_in_the_queue(
     [old] = profiles.claim(conn, POLICY).claims
     execute(conn, "UPDATE profile_refresh_requests SET lease_expires_at = now() - interval '1s'")
     assert profiles.plan(conn, POLICY).expired == 1
-    assert lapsed(conn) == [("profile request", f"lease {str(old.lease_token)[:8]}", None)]
+    assert lapsed(conn) == [("profile request", f"token {str(old.lease_token)[:8]}", None)]
     execute(conn, "UPDATE profile_refresh_requests SET available_at = now()")
     [new] = profiles.claim(conn, POLICY).claims
     assert profiles.process(conn, old, POLICY).outcome == "lost"  # the fence: nothing more
@@ -114,8 +114,8 @@ def test_an_observation_lease_taken_over_is_recorded(conn: Connection) -> None:
     assert lapsed(conn) == [
         (
             "observation",
-            f"lease {str(dead.lease_token)[:8]}",
-            f"lease {str(fresh.lease_token)[:8]}",
+            f"token {str(dead.lease_token)[:8]}",
+            f"token {str(fresh.lease_token)[:8]}",
         )
     ]
 
@@ -143,8 +143,8 @@ def test_a_credential_probe_lease_taken_over_is_recorded(conn: Connection) -> No
     assert lapsed(conn) == [
         (
             "credential probe",
-            f"lease {str(dead.lease_token)[:8]}",
-            f"lease {str(live.lease_token)[:8]}",
+            f"token {str(dead.lease_token)[:8]}",
+            f"token {str(live.lease_token)[:8]}",
         )
     ]
     assert not credentials.complete_probe(conn, dead, "verified", None).accepted
