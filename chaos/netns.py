@@ -65,6 +65,7 @@ class Host:
     link: str  # the router's end of the veth pair
     lost: bool = False
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    frozen: list[int] = field(default_factory=list)  # its processes, once lost
 
 
 class Network:
@@ -75,15 +76,20 @@ class Network:
         self.router = f"{self.tag}-rt"
         self.hosts: dict[str, Host] = {}
         self._delayer: subprocess.Popen[bytes] | None = None
+        self._delayed: Host | None = None
         _run("ip", "netns", "add", self.router)
-        self._in(self.router, "ip", "link", "set", "lo", "up")
-        self._in(self.router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-        self._nft(
-            "add table inet faults",
-            "add chain inet faults forward { type filter hook forward priority -10; }",
-            f"add rule inet faults forward limit rate over {FORWARD_LIMIT_PACKETS_PER_SECOND}"
-            "/second drop",
-        )
+        try:
+            self._in(self.router, "ip", "link", "set", "lo", "up")
+            self._in(self.router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+            self._nft(
+                "add table inet faults",
+                "add chain inet faults forward { type filter hook forward priority -10; }",
+                "add rule inet faults forward limit rate over"
+                f" {FORWARD_LIMIT_PACKETS_PER_SECOND}/second drop",
+            )
+        except BaseException:
+            self.close()
+            raise
 
     def _in(self, namespace: str, *argv: str, check: bool = True) -> str:
         return _run("ip", "netns", "exec", namespace, *argv, check=check).stdout
@@ -103,6 +109,8 @@ class Network:
         index = len(self.hosts)
         namespace = f"{self.tag}-{name}"
         link, peer = f"{self.tag[-7:]}r{index}", f"{self.tag[-7:]}h{index}"
+        host = Host(name, namespace, f"{SUBNET}.{index}.2", f"{SUBNET}.{index}.1", link)
+        self.hosts[name] = host  # registered first: `close` removes what was made of it
         _run("ip", "netns", "add", namespace)
         _run(
             "ip",
@@ -118,14 +126,12 @@ class Network:
             "netns",
             namespace,
         )
-        host = Host(name, namespace, f"{SUBNET}.{index}.2", f"{SUBNET}.{index}.1", link)
         self._in(self.router, "ip", "addr", "add", f"{host.router_address}/24", "dev", link)
         self._in(self.router, "ip", "link", "set", link, "up")
         self._in(namespace, "ip", "link", "set", "lo", "up")
         self._in(namespace, "ip", "addr", "add", f"{host.address}/24", "dev", peer)
         self._in(namespace, "ip", "link", "set", peer, "up")
         self._in(namespace, "ip", "route", "add", "default", "via", host.router_address)
-        self.hosts[name] = host
         return host
 
     def command(self, host: Host, argv: list[str], user: str | None = None) -> list[str]:
@@ -165,51 +171,61 @@ class Network:
             if f'"cut {host.name}"' in line or f'"loss {host.name}"' in line:
                 handle = line.rsplit("# handle ", 1)[1].strip()
                 self._nft(f"delete rule inet faults forward handle {handle}")
-        self._in(self.router, "iptables", "-F", "FORWARD", check=False)
-        if self._delayer is not None:
-            self._delayer.terminate()
-            self._delayer.wait(timeout=10)
-            self._delayer = None
+        if self._delayed is host:
+            for direction in ("-s", "-d"):
+                self._in(
+                    self.router, "iptables", "-D", "FORWARD", *self._queue_rule(direction, host)
+                )
+            self._stop_delayer()
 
     def degrade(self, host: Host, loss_from_host_percent: int, delay_seconds: float) -> None:
         """Lose `loss_from_host_percent` % of the packets `host` sends (none of those it
         receives) and hold every packet of both directions for `delay_seconds` in the
-        router (NFQUEUE and a small process that releases each packet when due)."""
+        router (NFQUEUE and a small process that releases each packet when due; should
+        it die, the queue lets packets through undelayed). One host at a time."""
+        if self._delayed is not None:
+            raise RuntimeError(f"{self._delayed.name} is already degraded")
         self._nft(
             f"add rule inet faults forward ip saddr {host.address} numgen random mod 100 < "
             f'{loss_from_host_percent} drop comment "loss {host.name}"'
         )
         self._delayer = subprocess.Popen(
             [
-                "ip",
-                "netns",
-                "exec",
-                self.router,
-                sys.executable,
-                "-m",
-                "chaos.delay",
-                str(DELAY_QUEUE),
-                str(delay_seconds),
+                *("ip", "netns", "exec", self.router),
+                *(sys.executable, "-m", "chaos.delay", str(DELAY_QUEUE), str(delay_seconds)),
             ],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
             stdout=subprocess.PIPE,
         )
         assert self._delayer.stdout is not None
-        self._delayer.stdout.readline()  # "bound": the queue has its reader
+        if self._delayer.stdout.readline().strip() != b"bound":
+            self._stop_delayer()
+            raise RuntimeError("the delay process could not bind its queue")
+        self._delayed = host
         for direction in ("-s", "-d"):
-            self._in(
-                self.router,
-                "iptables",
-                "-A",
-                "FORWARD",
-                direction,
-                host.address,
-                "-j",
-                "NFQUEUE",
-                "--queue-num",
-                str(DELAY_QUEUE),
-            )
+            rule = self._queue_rule(direction, host)
+            self._in(self.router, "iptables", "-A", "FORWARD", *rule)
+
+    def _queue_rule(self, direction: str, host: Host) -> list[str]:
+        return [
+            direction,
+            host.address,
+            "-j",
+            "NFQUEUE",
+            "--queue-num",
+            str(DELAY_QUEUE),
+            "--queue-bypass",
+        ]
+
+    def _stop_delayer(self) -> None:
+        if self._delayer is not None:
+            self._delayer.kill()
+            self._delayer.wait(timeout=10)
+            if self._delayer.stdout is not None:
+                self._delayer.stdout.close()
+            self._delayer = None
+        self._delayed = None
 
     def pids(self, host: Host) -> list[int]:
         out = self._in(self.router, "ip", "netns", "pids", host.namespace, check=False)
@@ -218,7 +234,8 @@ class Network:
     def lose(self, host: Host) -> None:
         """The host is gone for good: its processes frozen (so none closes a socket), its
         link and namespace deleted. The frozen processes are killed by `close`."""
-        for pid in self.pids(host):
+        host.frozen = self.pids(host)
+        for pid in host.frozen:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGSTOP)
         self._in(self.router, "ip", "link", "del", host.link, check=False)
@@ -226,10 +243,11 @@ class Network:
         host.lost = True
 
     def close(self) -> None:
-        if self._delayer is not None:
-            self._delayer.kill()
-            self._delayer.wait()
+        self._stop_delayer()
         for host in self.hosts.values():
+            for pid in host.frozen:  # a lost host's, outside any namespace now
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             for process in host.processes:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)

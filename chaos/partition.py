@@ -9,17 +9,20 @@ workload, the operator, the checks) reaches the database over its Unix socket, s
 fault touches it. Process faults and the server restart are left out: every fault is
 the network's, made in the router, which tells neither end anything.
 
-The faults (FaultPlan), each at a fixed point of the run:
-- cut: drop every packet to and from a host for longer than a lease, timed to catch one
-  of its stats workers holding a claim (computing, or publishing), then heal;
+The faults (PLANS), each at a fixed point of the run, one host at a time:
+- cut: drop every packet to and from a host, timed to catch it claiming, or one of its
+  stats workers holding a claim (computing, or publishing); 45 s (longer than a lease and
+  than the server's bound) or 10 s (longer than a lease only), then heal;
 - degrade: lose a share of what a host sends and delay every packet both ways;
 - lose: freeze a host's processes and delete its link and namespace for good.
 
 For each fault the run measures (FaultRecord): detection, the time until the server
-holds no session of the host (its transactions rolled back, its locks released);
-takeover, until every user whose stats the host had claimed is published by another
-host; rejoin, after a heal, until the host publishes or acknowledges again. The bounds
-the checks apply come from the product's connection settings (db/connection.py).
+held no session of the host (its transactions rolled back, its locks released);
+takeover, until the host held none of the stats runs and profile requests it held
+(another host took them, or the database took them back); finished, until each was done
+by whoever; the lapses of its leases the ledger recorded (what `status` shows); rejoin,
+after a heal, until the host published or acknowledged again. The bound the checks
+apply comes from the product's connection settings (db/connection.py).
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ SHORT_CUT_SECONDS = 10.0
 DEGRADE_SECONDS = 60.0
 DEGRADE_LOSS_PERCENT = 30  # of what the host sends; none of what it receives
 DEGRADE_DELAY_SECONDS = 1.0  # each way: 2 s more per round trip
-MOMENT_LOOK_SECONDS = 20.0  # how long a cut waits for its moment before cutting anyway
+MOMENT_LOOK_SECONDS = 10.0  # how long a cut waits for its moment before cutting anyway
 REJOIN_SECONDS = 90.0
 STATS_WORKERS = "'^chaos[.](stats|drainer)[.][0-9]+$'"
 
@@ -95,24 +98,29 @@ class Fault:
     host: str
     at: float  # fraction of the run's operations
     seconds: float = 0.0  # until the heal (cut, degrade)
-    moment: str = "any"  # cut: a stats claim held while "computing" or "publishing"
+    # When to strike: "claiming" (a claim statement of the host's running on the server),
+    # "computing" or "publishing" (a stats claim of the host's in that phase), or "any".
+    moment: str = "any"
 
 
 PLANS: dict[str, tuple[Fault, ...]] = {
-    # CI: one partition of one worker host, one heal.
-    "short": (Fault("cut", "wa", 0.2, CUT_SECONDS, "computing"),),
+    # CI: one partition of one worker host, one heal; the workload goes on for a while
+    # after the heal (a cut strikes by 8 + 10 s, heals 45 s later), so the host has work
+    # to come back to.
+    "short": (Fault("cut", "wa", 0.1, CUT_SECONDS, "computing"),),
     # One after the other over a run of PLAN_SECONDS["long"], so one host at a time is
     # faulty and the others can take its work over.
     "long": (
-        Fault("cut", "wa", 0.05, CUT_SECONDS, "computing"),
-        Fault("cut", "wb", 0.25, SHORT_CUT_SECONDS, "publishing"),
-        Fault("cut", DAGSTER_HOST, 0.35, CUT_SECONDS),
-        Fault("degrade", "wa", 0.55, DEGRADE_SECONDS),
-        Fault("lose", "wb", 0.8),
+        Fault("cut", "wa", 0.03, CUT_SECONDS, "claiming"),
+        Fault("cut", "wb", 0.2, SHORT_CUT_SECONDS, "publishing"),
+        Fault("cut", "wa", 0.27, CUT_SECONDS, "computing"),
+        Fault("cut", DAGSTER_HOST, 0.45, CUT_SECONDS),
+        Fault("degrade", "wa", 0.63, DEGRADE_SECONDS),
+        Fault("lose", "wb", 0.85),
     ),
 }
 # The run length each plan needs (the default of --seconds).
-PLAN_SECONDS = {"short": 60.0, "long": 300.0}
+PLAN_SECONDS = {"short": 80.0, "long": 420.0}
 
 
 @dataclass
@@ -121,9 +129,11 @@ class FaultRecord:
     started: float = 0.0  # epoch seconds
     ended: float = 0.0
     moment: str = "-"  # what the host was doing when it struck
-    held: int = 0  # users whose stats claim the host held then
+    held: int = 0  # stats runs and profile requests the host held then (live leases)
     detection: float | None = None  # until the server held no session of the host
-    takeover: float | None = None  # until another host published every held user
+    takeover: float | None = None  # until the host held none of them any more
+    finished: float | None = None  # until each of them was done (by whoever)
+    lapses: int = 0  # the ledger's lapses of the host's stats leases during the window
     rejoin: float | None = None  # after the heal, until the host completed work again
     sessions_at_start: int = 0
     error: str | None = None  # the harness's own failure while injecting it
@@ -139,7 +149,8 @@ class FaultRecord:
         return (
             f"{f.kind} {f.host}{length} ({self.moment}; {self.sessions_at_start} sessions,"
             f" {self.held} stats claims held): detection {seconds(self.detection)},"
-            f" takeover {seconds(self.takeover)}, rejoin {seconds(self.rejoin)}"
+            f" takeover {seconds(self.takeover)}, finished {seconds(self.finished)},"
+            f" rejoin {seconds(self.rejoin)}; {self.lapses} lapses recorded"
         )
 
 
@@ -245,12 +256,14 @@ class Site:
                 window = fault.seconds or SERVER_BOUND_SECONDS + 30
                 while time.time() - record.started < window:
                     now = time.time() - record.started
-                    if fault.kind != "degrade" and record.detection is None:
-                        if _sessions(conn, host.address) == 0:
-                            record.detection = now
+                    if record.detection is None and _sessions(conn, host.address) == 0:
+                        record.detection = now
                     if record.takeover is None and _taken_over(conn, held, pids):
                         record.takeover = now
+                    if record.finished is None and _finished(conn, held):
+                        record.finished = now
                     time.sleep(0.25)
+                record.lapses = _lapses(conn, pids, record.started)
                 if fault.kind != "degrade":
                     record.left_held = _still_held(conn, pids)
                 if record.takeover is None and len(held):
@@ -291,6 +304,12 @@ HELD_REQUESTS = (
     " JOIN chaos_profile_claims c ON c.request_id = r.id AND c.lease_token = r.lease_token"
     " WHERE r.status = 'running' AND r.lease_expires_at > now() AND c.actor LIKE ANY(%(like)s)"
 )
+# A claim statement of the host's running on the server (stats, profile, observation
+# or probe claims all name their claim).
+CLAIMING = (
+    "SELECT pid FROM pg_stat_activity WHERE state = 'active' AND application_name LIKE"
+    " ANY(%(like)s) AND query ILIKE '%%claim%%' LIMIT 1"
+)
 # How many of the held are still the host's: a run still claimed or computed under its
 # lock owner, a request still running under its lease token.
 STILL_THE_HOSTS = (
@@ -316,13 +335,17 @@ def _await_moment(conn: Connection, moment: str, pids: list[int]) -> tuple[str, 
     deadline = time.monotonic() + MOMENT_LOOK_SECONDS
     while True:
         runs = fetch_all(conn, HELD_RUNS, {"owners": _owners(pids)})
-        caught = [r for r in runs if r["phase"] == phase]
-        if phase is None or caught or time.monotonic() > deadline:
+        if moment == "claiming":
+            claiming = fetch_one(conn, CLAIMING, {"like": like})
+            caught = [{"in_transaction": True}] if claiming is not None else []
+        else:
+            caught = [r for r in runs if r["phase"] == phase]
+        if moment == "any" or caught or time.monotonic() > deadline:
             requests = fetch_all(conn, HELD_REQUESTS, {"like": like})
             held = Held(
                 tuple(r["id"] for r in runs), tuple((r["id"], r["token"]) for r in requests)
             )
-            if phase is None:
+            if moment == "any":
                 return "any moment", held
             if not caught:
                 return f"no claim {moment} caught in {MOMENT_LOOK_SECONDS:.0f} s", held
@@ -347,6 +370,34 @@ def _taken_over(conn: Connection, held: Held, pids: list[int]) -> bool:
         },
     )
     return row is not None and int(row["n"]) == 0
+
+
+def _finished(conn: Connection, held: Held) -> bool:
+    """Is every held run past its claim (published, failed, superseded: by whoever) and
+    every held request ended?"""
+    if not len(held):
+        return False
+    row = fetch_one(
+        conn,
+        "SELECT (SELECT count(*) FROM user_stats_projection_runs"
+        "   WHERE id = ANY(%(runs)s) AND phase IN ('claimed', 'computed'))"
+        " + (SELECT count(*) FROM profile_refresh_requests"
+        "   WHERE id = ANY(%(requests)s) AND status IN ('pending', 'running')) AS n",
+        {"runs": list(held.runs), "requests": [request for request, _ in held.requests]},
+    )
+    return row is not None and int(row["n"]) == 0
+
+
+def _lapses(conn: Connection, pids: list[int], since: float) -> int:
+    """Lapses of the host's stats leases the ledger recorded since `since` (what
+    `inventory-pipeline status` lists)."""
+    row = fetch_one(
+        conn,
+        "SELECT count(*) AS n FROM lapsed_leases WHERE kind = 'stats run'"
+        " AND holder = ANY(%(owners)s) AND taken_at >= to_timestamp(%(since)s)",
+        {"owners": _owners(pids), "since": since},
+    )
+    return int(row["n"]) if row else 0
 
 
 def _unfinished(conn: Connection, held: Held) -> list[str]:

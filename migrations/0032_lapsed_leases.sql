@@ -3,9 +3,9 @@
 -- before its holder finished is recorded as the database takes the work back: the
 -- work, the holder (a stats run's lock owner; for other leases the start of the lease
 -- token), when the lease ran out, and who took the work (NULL: returned to the queue, or
--- restarted under a new stats run). Triggers on the four kinds of lease write it, so no
--- code path can take lapsed work back unrecorded; the late holder's own writes are
--- refused by the lease fences and record nothing. `inventory-pipeline status` lists the
+-- restarted under a new stats run, or failed on its last attempt). Triggers on the four
+-- kinds of lease write it, so no code path can take lapsed work back unrecorded; the
+-- late holder's own writes record nothing (refused once its work was taken). `inventory-pipeline status` lists the
 -- last hour's; rows older than a week are deleted as new ones arrive.
 CREATE TABLE lapsed_leases (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -22,10 +22,13 @@ CREATE FUNCTION record_lapsed_lease()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 BEGIN
-    DELETE FROM lapsed_leases WHERE taken_at < now() - interval '7 days';
+    -- Rows a concurrent takeover is deleting are left to it: a claim never waits here.
+    DELETE FROM lapsed_leases
+    WHERE id IN (SELECT id FROM lapsed_leases WHERE taken_at < now() - interval '7 days'
+                 ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED);
     IF TG_TABLE_NAME = 'profile_refresh_requests' THEN
         INSERT INTO lapsed_leases (kind, work, holder, lapsed_at, taken_by)
         VALUES ('profile request', NEW.id || ' for library ' || NEW.library_id,
@@ -52,12 +55,13 @@ BEGIN
 END
 $function$;
 
--- A running request whose lease ran out goes back to the queue (the planner's expiry)
--- or to a new claim: either way another lease token replaces the lapsed one.
+-- A running request whose lease ran out, taken back by the planner's expiry (back to
+-- the queue, or failed on its last attempt). Its holder's own failure report, which its
+-- token still allows until the expiry runs, is not a lapse.
 CREATE TRIGGER profile_refresh_requests_lapsed_lease
     AFTER UPDATE OF lease_token ON profile_refresh_requests
     FOR EACH ROW WHEN (OLD.status = 'running' AND OLD.lease_expires_at <= now()
-                       AND NEW.lease_token IS DISTINCT FROM OLD.lease_token)
+                       AND NEW.lease_token IS NULL AND NEW.last_error = 'lease_expired')
     EXECUTE FUNCTION record_lapsed_lease();
 -- A claimed or computed run whose lease ran out (not one waiting out a retry, which
 -- keeps its claim) taken by another owner, or retired so that its job starts again.

@@ -162,15 +162,19 @@ def network_settings(url: str) -> tuple[dict[str, str], dict[str, str]]:
 
 def with_keepalives(url: str) -> str:
     """`url` with the same bounds for a connection made by another driver (Dagster's
-    storage, on psycopg2): the libpq parameters it does not set, and, when it sets no
-    `options` of its own, the server's side of them as `-c` settings at connect."""
+    storage, on psycopg2): the libpq parameters it does not set, and the server's side of
+    them as `-c` settings at connect, after the URL's own `options` (a setting those
+    name is left to them)."""
     added, server = network_settings(url)
     params = {k: str(v) for k, v in conninfo.conninfo_to_dict(url).items() if v is not None}
     params.update(added)
-    if "options" not in params:
-        params["options"] = " ".join(
-            f"-c {SERVER_KEEPALIVES[key]}={value}" for key, value in server.items()
-        )
+    options = params.get("options", "")
+    ours = [
+        f"-c {SERVER_KEEPALIVES[key]}={value}"
+        for key, value in server.items()
+        if SERVER_KEEPALIVES[key] not in options
+    ]
+    params["options"] = " ".join([options, *ours]).strip()
     return build_url(params)
 
 
@@ -198,15 +202,19 @@ def connect(
         raise DatabaseUnavailable(
             f"cannot connect to {redact_url(url)}: {reason}", exc.sqlstate
         ) from None
-    with translate_errors():
-        conn.execute(
-            SESSION_SETTINGS,
-            {
-                "idle_in_transaction": f"{idle_in_transaction_ms}ms",
-                "client_check": f"{CLIENT_CONNECTION_CHECK_MS}ms",
-                **server,
-            },
-        )
+    try:
+        with translate_errors():
+            conn.execute(
+                SESSION_SETTINGS,
+                {
+                    "idle_in_transaction": f"{idle_in_transaction_ms}ms",
+                    "client_check": f"{CLIENT_CONNECTION_CHECK_MS}ms",
+                    **server,
+                },
+            )
+    except BaseException:
+        conn.close()  # a value the server refuses (a negative keepalive) opens nothing
+        raise
     return conn
 
 

@@ -5,7 +5,9 @@ win. tests/network cuts a real link under them."""
 
 from __future__ import annotations
 
-from inventory_pipeline.db import connect, fetch_one
+import pytest
+
+from inventory_pipeline.db import DatabaseError, connect, fetch_one
 
 SERVER_SIDE = (
     "SELECT inet_client_addr() IS NOT NULL AS tcp,"
@@ -51,3 +53,16 @@ def test_a_urls_own_values_win_on_both_ends(db_url: str) -> None:
             "2",
             "9000",
         )
+
+
+def test_a_session_setting_the_server_refuses_opens_nothing(db_url: str) -> None:
+    """The connection is closed before the error reaches the caller (a worker retrying
+    would otherwise leave a session behind on every try)."""
+    with pytest.raises(DatabaseError):
+        connect(db_url, application_name="refused-setting", idle_in_transaction_ms=-1)
+    with connect(db_url) as conn:
+        row = fetch_one(
+            conn,
+            "SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = 'refused-setting'",
+        )
+    assert row == {"n": 0}

@@ -65,6 +65,23 @@ def test_a_profile_request_whose_lease_ran_out_is_recorded_back_in_the_queue(
     assert len(lapsed(conn)) == 1
 
 
+def broken(columns: object, rows: object) -> dict[str, object]:
+    raise ValueError("generation blew up")
+
+
+def test_a_holders_own_late_failure_report_is_not_a_lapse(conn: Connection) -> None:
+    """Until the planner's expiry runs, a holder whose lease ran out still holds its
+    token: its failure report is its own, not work taken back."""
+    lib = f.library(conn)
+    f.items(conn, lib, 3)
+    profiles.plan(conn, POLICY)
+    [claim] = profiles.claim(conn, POLICY).claims
+    execute(conn, "UPDATE profile_refresh_requests SET lease_expires_at = now() - interval '1s'")
+    assert profiles.process(conn, claim, POLICY, broken).outcome == "failed"
+    assert profiles.plan(conn, POLICY).expired == 0
+    assert lapsed(conn) == []
+
+
 def test_a_request_finished_in_time_records_nothing(conn: Connection) -> None:
     lib = f.library(conn)
     f.items(conn, lib, 3)

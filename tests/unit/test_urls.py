@@ -109,7 +109,8 @@ def test_malformed_url_message_holds_no_password() -> None:
 
 def test_dagster_storage_carries_the_same_network_bounds() -> None:
     """Dagster's storage connections (psycopg2) get the keepalives and TCP user timeout
-    the URL lacks, and the server's side as `options`, unless it sets options itself."""
+    the URL lacks, and the server's side added to its `options` (a setting those name is
+    left to them)."""
     query = sqlalchemy("postgresql://u@db.internal/inv?keepalives_idle=30")
     assert query["keepalives"] == "1" and query["keepalives_idle"] == "30"
     assert query["tcp_user_timeout"] == "25000"
@@ -117,5 +118,10 @@ def test_dagster_storage_carries_the_same_network_bounds() -> None:
         "-c tcp_keepalives_idle=30 -c tcp_keepalives_interval=5"
         " -c tcp_keepalives_count=3 -c tcp_user_timeout=25000"
     )
-    own = sqlalchemy("postgresql://u@db.internal/inv?options=-c%20search_path%3Dops")
-    assert own["options"] == "-c search_path=ops"
+    own = sqlalchemy(
+        "postgresql://u@db.internal/inv?options=-c%20search_path%3Dops%20-c%20tcp_user_timeout%3D9"
+    )
+    assert own["options"] == (
+        "-c search_path=ops -c tcp_user_timeout=9 -c tcp_keepalives_idle=10"
+        " -c tcp_keepalives_interval=5 -c tcp_keepalives_count=3"
+    )
