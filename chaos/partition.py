@@ -89,6 +89,7 @@ DEGRADE_LOSS_PERCENT = 30  # of what the host sends; none of what it receives
 DEGRADE_DELAY_SECONDS = 1.0  # each way: 2 s more per round trip
 MOMENT_LOOK_SECONDS = 10.0  # how long a cut waits for its moment before cutting anyway
 REJOIN_SECONDS = 90.0
+IN_FLIGHT_SECONDS = 0.5
 STATS_WORKERS = "'^chaos[.](stats|drainer)[.][0-9]+$'"
 
 
@@ -243,9 +244,7 @@ class Site:
         fault, host = record.fault, self.hosts[record.fault.host]
         try:
             with connect(url, application_name="chaos.harness") as conn:
-                record.moment, held = _await_moment(conn, fault.moment, pids)
-                record.held = len(held)
-                record.sessions_at_start = _sessions(conn, host.address)
+                record.moment = _await_moment(conn, fault.moment, pids)
                 record.started = time.time()
                 if fault.kind == "cut":
                     self.network.cut(host)
@@ -253,6 +252,12 @@ class Site:
                     self.network.degrade(host, DEGRADE_LOSS_PERCENT, DEGRADE_DELAY_SECONDS)
                 else:
                     self.network.lose(host)
+                # What the host holds once nothing it sent before the fault can still
+                # land (a commit in flight as it struck is the host's own finish).
+                time.sleep(IN_FLIGHT_SECONDS)
+                held = _held(conn, pids)
+                record.held = len(held)
+                record.sessions_at_start = _sessions(conn, host.address)
                 window = fault.seconds or SERVER_BOUND_SECONDS + 30
                 while time.time() - record.started < window:
                     now = time.time() - record.started
@@ -291,7 +296,9 @@ class Held:
         return len(self.runs) + len(self.requests)
 
 
-HELD_RUNS = (
+# A stats claim of the host's, live, in a phase, and whether its worker is in a
+# transaction (the moment a cut waits for).
+LIVE_CLAIMS = (
     "SELECT r.id, r.phase, bool_or(a.xact_start IS NOT NULL) AS in_transaction"
     " FROM user_stats_projection_runs r LEFT JOIN pg_stat_activity a"
     "   ON r.lock_owner = 'chaos-' || substring(a.application_name FROM '[.]([0-9]+)$')"
@@ -299,10 +306,16 @@ HELD_RUNS = (
     " WHERE r.phase IN ('claimed', 'computed') AND r.lease_until > now()"
     " AND r.lock_owner = ANY(%(owners)s) GROUP BY r.id, r.phase"
 )
+# What the host holds: its stats claims and its profile requests' leases (run out or not:
+# until another host or the database takes them, they are its).
+HELD_RUNS = (
+    "SELECT id FROM user_stats_projection_runs"
+    " WHERE phase IN ('claimed', 'computed') AND lock_owner = ANY(%(owners)s)"
+)
 HELD_REQUESTS = (
     "SELECT DISTINCT r.id, r.lease_token::text AS token FROM profile_refresh_requests r"
     " JOIN chaos_profile_claims c ON c.request_id = r.id AND c.lease_token = r.lease_token"
-    " WHERE r.status = 'running' AND r.lease_expires_at > now() AND c.actor LIKE ANY(%(like)s)"
+    " WHERE r.status = 'running' AND c.actor LIKE ANY(%(like)s)"
 )
 # A claim statement of the host's running on the server (stats, profile, observation
 # or probe claims all name their claim).
@@ -326,32 +339,32 @@ def _owners(pids: list[int]) -> list[str]:
     return [f"chaos-{pid}" for pid in pids]
 
 
-def _await_moment(conn: Connection, moment: str, pids: list[int]) -> tuple[str, Held]:
-    """Wait (a bounded time) until one of the host's stats workers holds a live claim in
-    the wanted phase: computing (claimed, not yet computed) or publishing (computed, not
-    yet published). What was caught, and what the host held at that instant."""
+def _await_moment(conn: Connection, moment: str, pids: list[int]) -> str:
+    """Wait (a bounded time) until the host runs a claim statement ("claiming"), or one
+    of its stats workers holds a live claim in the wanted phase: "computing" (claimed,
+    not yet computed) or "publishing" (computed, not yet published). What was caught."""
+    if moment == "any":
+        return "any moment"
     phase = {"computing": "claimed", "publishing": "computed"}.get(moment)
-    like = [f"chaos.%.{pid}" for pid in pids]
     deadline = time.monotonic() + MOMENT_LOOK_SECONDS
-    while True:
-        runs = fetch_all(conn, HELD_RUNS, {"owners": _owners(pids)})
+    while time.monotonic() < deadline:
         if moment == "claiming":
-            claiming = fetch_one(conn, CLAIMING, {"like": like})
-            caught = [{"in_transaction": True}] if claiming is not None else []
+            if fetch_one(conn, CLAIMING, {"like": [f"chaos.%.{pid}" for pid in pids]}):
+                return "claiming, in a transaction"
         else:
+            runs = fetch_all(conn, LIVE_CLAIMS, {"owners": _owners(pids)})
             caught = [r for r in runs if r["phase"] == phase]
-        if moment == "any" or caught or time.monotonic() > deadline:
-            requests = fetch_all(conn, HELD_REQUESTS, {"like": like})
-            held = Held(
-                tuple(r["id"] for r in runs), tuple((r["id"], r["token"]) for r in requests)
-            )
-            if moment == "any":
-                return "any moment", held
-            if not caught:
-                return f"no claim {moment} caught in {MOMENT_LOOK_SECONDS:.0f} s", held
-            where = "in a transaction" if caught[0]["in_transaction"] else "between transactions"
-            return f"{moment}, {where}", held
+            if caught:
+                where = "in a transaction" if caught[0]["in_transaction"] else "between them"
+                return f"{moment}, {where}"
         time.sleep(0.005)
+    return f"no claim {moment} caught in {MOMENT_LOOK_SECONDS:.0f} s"
+
+
+def _held(conn: Connection, pids: list[int]) -> Held:
+    runs = fetch_all(conn, HELD_RUNS, {"owners": _owners(pids)})
+    requests = fetch_all(conn, HELD_REQUESTS, {"like": [f"chaos.%.{pid}" for pid in pids]})
+    return Held(tuple(r["id"] for r in runs), tuple((r["id"], r["token"]) for r in requests))
 
 
 def _taken_over(conn: Connection, held: Held, pids: list[int]) -> bool:
