@@ -130,7 +130,8 @@ class FaultRecord:
     started: float = 0.0  # epoch seconds
     ended: float = 0.0
     moment: str = "-"  # what the host was doing when it struck
-    held: int = 0  # stats runs and profile requests the host held then (live leases)
+    held: int = 0  # stats runs and profile requests the host held once it struck
+    held_runs: int = 0  # of which stats runs
     detection: float | None = None  # until the server held no session of the host
     takeover: float | None = None  # until the host held none of them any more
     finished: float | None = None  # until each of them was done (by whoever)
@@ -149,7 +150,8 @@ class FaultRecord:
         length = f" for {f.seconds:.0f} s" if f.seconds else ""
         return (
             f"{f.kind} {f.host}{length} ({self.moment}; {self.sessions_at_start} sessions,"
-            f" {self.held} stats claims held): detection {seconds(self.detection)},"
+            f" {self.held_runs} stats runs and {self.held - self.held_runs} profile requests"
+            f" held): detection {seconds(self.detection)},"
             f" takeover {seconds(self.takeover)}, finished {seconds(self.finished)},"
             f" rejoin {seconds(self.rejoin)}; {self.lapses} lapses recorded"
         )
@@ -256,7 +258,7 @@ class Site:
                 # land (a commit in flight as it struck is the host's own finish).
                 time.sleep(IN_FLIGHT_SECONDS)
                 held = _held(conn, pids)
-                record.held = len(held)
+                record.held, record.held_runs = len(held), len(held.runs)
                 record.sessions_at_start = _sessions(conn, host.address)
                 window = fault.seconds or SERVER_BOUND_SECONDS + 30
                 while time.time() - record.started < window:
@@ -268,7 +270,7 @@ class Site:
                     if record.finished is None and _finished(conn, held):
                         record.finished = now
                     time.sleep(0.25)
-                record.lapses = _lapses(conn, pids, record.started)
+                record.lapses = _lapses(conn, pids, held, record.started)
                 if fault.kind != "degrade":
                     record.left_held = _still_held(conn, pids)
                 if record.takeover is None and len(held):
@@ -401,14 +403,20 @@ def _finished(conn: Connection, held: Held) -> bool:
     return row is not None and int(row["n"]) == 0
 
 
-def _lapses(conn: Connection, pids: list[int], since: float) -> int:
-    """Lapses of the host's stats leases the ledger recorded since `since` (what
-    `inventory-pipeline status` lists)."""
+def _lapses(conn: Connection, pids: list[int], held: Held, since: float) -> int:
+    """Lapses the ledger recorded since `since` (what `inventory-pipeline status` lists)
+    of the host's leases: its stats workers' claims (by lock owner) and the profile
+    requests it held (by lease token)."""
     row = fetch_one(
         conn,
-        "SELECT count(*) AS n FROM lapsed_leases WHERE kind = 'stats run'"
-        " AND holder = ANY(%(owners)s) AND taken_at >= to_timestamp(%(since)s)",
-        {"owners": _owners(pids), "since": since},
+        "SELECT count(*) AS n FROM lapsed_leases WHERE taken_at >= to_timestamp(%(since)s)"
+        " AND ((kind = 'stats run' AND holder = ANY(%(owners)s))"
+        "   OR (kind = 'profile request' AND holder = ANY(%(tokens)s)))",
+        {
+            "owners": _owners(pids),
+            "tokens": [f"token {token[:8]}" for _, token in held.requests],
+            "since": since,
+        },
     )
     return int(row["n"]) if row else 0
 
