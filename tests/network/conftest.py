@@ -21,13 +21,13 @@ class Site:
     server: netns.ClusterHost
 
 
-def postgres_on_a_host() -> Path:
-    """The PostgreSQL binaries to run on a host of its own; skips (or fails, where
-    required) when hosts cannot be made here."""
+def postgres_on_a_host(major: int | None = None) -> Path:
+    """The PostgreSQL binaries to run on a host of its own (`major`, else the newest the
+    system has); skips (or fails, where required) when hosts cannot be made here."""
     why = netns.available()
-    bindir = netns.postgres_bindir()
+    bindir = netns.postgres_bindirs().get(major) if major else netns.postgres_bindir()
     if why is None and bindir is None:
-        why = "no PostgreSQL binaries under /usr/lib/postgresql"
+        why = f"no PostgreSQL {major or ''} to run on a host".replace("  ", " ")
     if why is not None or bindir is None:
         if os.environ.get("INVENTORY_NETWORK_REQUIRED") == "1":
             pytest.fail(f"separate hosts required here: {why}")
@@ -35,9 +35,10 @@ def postgres_on_a_host() -> Path:
     return bindir
 
 
-@pytest.fixture
-def site() -> Iterator[Site]:
-    bindir = postgres_on_a_host()
+@pytest.fixture(params=[15, 18], ids=lambda major: f"pg{major}")
+def site(request: pytest.FixtureRequest) -> Iterator[Site]:
+    """PostgreSQL 15 (the system's) and 18 (the embedded wheel's) each on a host."""
+    bindir = postgres_on_a_host(request.param)
     network = netns.Network()
     try:
         server = netns.ClusterHost(network, network.add_host("pg"), bindir)
