@@ -149,8 +149,9 @@ SELECT set_config('idle_in_transaction_session_timeout', %(idle_in_transaction)s
 
 def network_settings(url: str) -> tuple[dict[str, str], dict[str, str]]:
     """(libpq parameters to add to `url`: the defaults it does not set itself, the
-    server's settings for the session: the values the connection ends up with; a URL
-    that turns keepalives off (keepalives=0) leaves the server's own probes off too)."""
+    server's settings for the session: the values the connection ends up with). A URL
+    that turns keepalives off (keepalives=0) leaves the server's probes at the system's
+    defaults (0 asks for them)."""
     given = {k: str(v) for k, v in conninfo.conninfo_to_dict(url).items() if v is not None}
     added = {key: value for key, value in KEEPALIVES.items() if key not in given}
     used = {**KEEPALIVES, **given}
