@@ -1,12 +1,13 @@
 -- The lapsed-lease ledger and the triggers that write it.
 -- Lapsed leases (docs/deployment.md#failure-guarantees): every lease that ran out
 -- before its holder finished is recorded as the database takes the work back: the
--- work, the holder (a stats run's lock owner; for other leases the start of the lease
--- token), when the lease ran out, and who took the work (NULL: returned to the queue, or
--- restarted under a new stats run, or failed on its last attempt). Triggers on the four
--- kinds of lease write it, so no code path can take lapsed work back unrecorded; the
--- late holder's own writes record nothing (refused once its work was taken). `inventory-pipeline status` lists the
--- last hour's; rows older than a week are deleted as new ones arrive.
+-- work, the holder (a stats run's lock owner; for other leases "token" and the start of
+-- the lease token), when the lease ran out, and who took the work (NULL: returned to the
+-- queue, restarted under a new stats run, or failed on its last attempt). Triggers on
+-- the four kinds of lease write it, so no code path can take lapsed work back
+-- unrecorded; the late holder's own writes record nothing (refused once its work was
+-- taken). `inventory-pipeline status` lists the last hour's; rows older than a week are
+-- deleted as new ones arrive.
 CREATE TABLE lapsed_leases (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     kind text NOT NULL,
