@@ -47,7 +47,6 @@ from inventory_pipeline.db.connection import (
     IDLE_IN_TRANSACTION_MS,
     KEEPALIVES,
     database_name,
-    url_with_database,
 )
 from inventory_pipeline.deployment import (
     DAEMON_COMMAND,
@@ -652,5 +651,4 @@ __all__ = [
     "Site",
     "fault_divergences",
     "remote",
-    "url_with_database",
 ]
