@@ -193,8 +193,25 @@ def checks(conn: Connection) -> list[str]:
         for r in fetch_all(
             conn,
             "SELECT c.item_id, c.into_id, CASE WHEN p.id IS NULL THEN 'no proposal'"
-            "   ELSE 'proposal ' || p.id || ' names ' || p.candidate_tmdb_id END AS why"
-            f" FROM ({CORROBORATED}) c LEFT JOIN replacement_proposals p"
+            "   ELSE 'proposal ' || p.id || ' names ' || p.candidate_tmdb_id END"
+            # Where the item stands, so the report says which step did not come.
+            "   || '; item: case ' || coalesce(i.recovery_category, 'none')"
+            "   || ' x' || i.recovery_attempts"
+            "   || CASE WHEN i.recovery_resolved_at IS NOT NULL THEN ' resolved' ELSE '' END"
+            "   || ', due in ' || round(extract(epoch FROM i.observation_due_at - now()))"
+            "   || ' s, lease ' || CASE WHEN i.observation_lease_token IS NULL THEN 'none'"
+            "     WHEN i.observation_lease_expires_at > now() THEN 'live' ELSE 'expired' END"
+            "   || coalesce('; revalidation: ' || coalesce("
+            "     'due in ' || round(extract(epoch FROM r.due_at - now())) || ' s', 'set aside')"
+            "   || ', outcome ' || coalesce(r.outcome || '/' || coalesce(r.reason, '-'), 'none')"
+            "   || ', faults ' || r.faults || coalesce(' (' || r.last_fault || ')', '')"
+            "   || CASE WHEN r.lease_token IS NOT NULL THEN ', leased' ELSE '' END"
+            "   || CASE WHEN r.source_generation <> i.source_generation"
+            "     THEN ', of an older source' ELSE '' END, '; no revalidation of its case')"
+            "   AS why"
+            f" FROM ({CORROBORATED}) c JOIN media_server_items i ON i.id = c.item_id"
+            " LEFT JOIN identity_revalidations r ON r.case_id = i.recovery_case_id"
+            " LEFT JOIN replacement_proposals p"
             "  ON p.item_id = c.item_id AND p.source_generation = c.source_generation"
             " WHERE p.id IS NULL OR p.candidate_tmdb_id <> c.into_id ORDER BY c.item_id",
         )
