@@ -58,6 +58,9 @@ class Sizes(Protocol):
     @property
     def scale(self) -> bool: ...
 
+    @property
+    def plots(self) -> Path: ...
+
 
 POPULATION = """
 INSERT INTO exercises (id, name) SELECT 'move_' || g, 'Move ' || g FROM generate_series(1, 8) g;
