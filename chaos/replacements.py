@@ -19,7 +19,9 @@ from inventory_pipeline.revalidation.models import ProposalRefused
 OPERATOR = "chaos operator"
 # The stand-in's demo catalog leaves ids divisible by this unknown (chaos/run.py).
 MISSING_EVERY = 17
-# Survivors and the extra record of an ambiguous lookup, far from the items' own ids.
+# Survivors and the extra record of an ambiguous lookup, far from the items' own ids:
+# record X merges into BASE + 2X (+1 when the stand-in does not know that id), so no two
+# records ever share a survivor (which carries one merged record's external ids).
 SURVIVOR_BASE = 100_000
 EXTRA_BASE = 600_000
 
@@ -37,8 +39,11 @@ WHERE i.provider = 'tmdb' AND (o.imdb_id IS NOT NULL OR o.tvdb_id IS NOT NULL)
 """
 
 
-def _available(tmdb_id: int) -> int:
-    """An id the stand-in knows (never divisible by MISSING_EVERY)."""
+def _record_of(base: int, merged: int) -> int:
+    """The id a merge of record `merged` uses above `base`: one of its own, that the
+    stand-in knows (never divisible by MISSING_EVERY). Even ids of distinct records are
+    distinct, and the odd step taken when one is unknown meets no other even id."""
+    tmdb_id = base + 2 * merged
     return tmdb_id if tmdb_id % MISSING_EVERY else tmdb_id + 1
 
 
@@ -71,10 +76,10 @@ def merge(
     if variant is None:
         variants = [v for v, _ in MERGE_VARIANTS]
         variant = rng.choices(variants, weights=[w for _, w in MERGE_VARIANTS])[0]
-    into = _available(SURVIVOR_BASE + merged)
+    into = _record_of(SURVIVOR_BASE, merged)
     title = item["title"] if variant != "title" else f"{item['title']} (director's cut)"
     year = item["year"] if variant != "year" or item["year"] is None else item["year"] + 3
-    also = ((kind, _available(EXTRA_BASE + merged)),) if variant == "ambiguous" else ()
+    also = ((kind, _record_of(EXTRA_BASE, merged)),) if variant == "ambiguous" else ()
     standin.merge(
         kind, merged, into, title=title, year=year, round_trip=variant != "round_trip", also=also
     )

@@ -17,7 +17,8 @@ Every record has deterministic external ids: movie X the IMDb id tt000000X (seve
 digits at least), show X the IMDb id tt(5000000000 + X) and the TVDB id 900000000 + X.
 A merge simulates TMDb folding a duplicate into another record: `from` answers 404
 (status code 34) for good, its external ids find `into`, and `into` carries the merged
-record's external ids, the given title (default: the merged record's) and year. The
+record's external ids, the given title (default: the merged record's) and year (one
+merged record per survivor: a second one is refused, 409). The
 variations a revalidation must refuse: `round_trip: false` (the survivor's details name
 its own external ids), `also` (more results of the find: ids of the same kind, or
 [kind, id] pairs), a title or year of its own.
@@ -192,7 +193,16 @@ class StandInState:
             return Counter(int(t) for t in self.arrivals)
 
     def merge(self, kind: str, merged: int, merge: Merge) -> None:
+        """A survivor carries one merged record's title and external ids: folding a
+        second record into it would silently change what the first one's lookup finds,
+        so it is refused (ValueError)."""
         with self.lock:
+            taken = self.survivors.get((kind, merge.into))
+            if taken is not None and taken[0] != merged:
+                raise ValueError(
+                    f"{kind} {merge.into} already carries merged record {taken[0]}:"
+                    " merge each record into a survivor of its own"
+                )
             self.merges[(kind, merged)] = merge
             self.survivors[(kind, merge.into)] = (merged, merge)
 
@@ -309,18 +319,22 @@ class _Handler(BaseHTTPRequestHandler):
                 for a in body.get("also") or []
             ]
             year = body.get("year")
-            state.merge(
-                kind,
-                int(body["from"]),
-                Merge(
-                    into=int(body["into"]),
-                    title=body.get("title"),
-                    original_title=body.get("original_title"),
-                    year=int(year) if year is not None else None,
-                    round_trip=bool(body.get("round_trip", True)),
-                    also=tuple(also),
-                ),
-            )
+            try:
+                state.merge(
+                    kind,
+                    int(body["from"]),
+                    Merge(
+                        into=int(body["into"]),
+                        title=body.get("title"),
+                        original_title=body.get("original_title"),
+                        year=int(year) if year is not None else None,
+                        round_trip=bool(body.get("round_trip", True)),
+                        also=tuple(also),
+                    ),
+                )
+            except ValueError as exc:
+                self._json(409, {"error": str(exc)})
+                return
             self._json(200, {"ok": True})
         else:
             self._json(404, NOT_FOUND)

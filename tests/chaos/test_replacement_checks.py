@@ -5,7 +5,10 @@ a run the product got right."""
 
 from __future__ import annotations
 
+import json
 import random
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -52,7 +55,7 @@ def test_each_check_catches_its_divergence(
     assert replacements.outstanding(conn)["corroborated merges not proposed"] == 1
     [unproposed] = replacements.checks(conn)
     assert unproposed.startswith(
-        f"item {item}: corroborated merge into TMDb 100603 not proposed (no proposal;"
+        f"item {item}: corroborated merge into TMDb 101206 not proposed (no proposal;"
         " item: case not_found x2, due in "
     )
     assert "lease none; revalidation: due in " in unproposed
@@ -86,7 +89,7 @@ def test_each_check_catches_its_divergence(
     # An approval not yet observed, then observed: the case resolves as replaced.
     replacements.review(conn, random.Random(0), approve_share=1.0)
     assert replacements.checks(conn) == [
-        f"proposal {result.proposal_id}: approved, item {item} not observed under TMDb 100603"
+        f"proposal {result.proposal_id}: approved, item {item} not observed under TMDb 101206"
         " (observed 603)"
     ]
     assert replacements.outstanding(conn)["approved replacements not observed"] == 1
@@ -117,3 +120,54 @@ def test_a_merge_that_must_not_be_proposed_is_not_expected(
     assert replacements.checks(conn) == []
     assert not any(replacements.outstanding(conn).values())
     assert service.proposals(conn) == []
+
+
+def test_records_merged_at_once_are_each_proposed_under_their_own_survivor(
+    audited: Connection,
+    client: TmdbClient,
+    standin: StandIn,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Movies 62 and 63 once both merged into 100063 (100062 is an id the stand-in does
+    not know): the later merge replaced the earlier one's external ids at the survivor, so
+    the first item's check found a broken round trip and was never proposed."""
+    conn = audited
+    movies = f.library(conn)
+    first = rc.item(conn, movies, 62, title="Alien", year=1979)
+    second = rc.item(conn, movies, 63, title="Aliens", year=1986)
+    rc.observe(conn, client)
+    monkeypatch.setattr(replacements, "MERGE_VARIANTS", (("corroborated", 1),))
+    done: set[tuple[str, int]] = set()
+    for _ in range(2):
+        assert replacements.merge(conn, standin, random.Random(1), done) == "corroborated"
+    assert done == {("movie", 62), ("movie", 63)}
+    rc.observe(conn, client)
+    rc.make_due(conn)
+    rc.observe(conn, client)
+    results = rc.revalidate(conn, client).results
+    assert sorted(r.outcome for r in results) == ["proposed", "proposed"]
+    assert replacements.checks(conn) == []
+    assert {(p["item_id"], p["candidate_tmdb_id"]) for p in rc.proposals(conn)} == {
+        (first, 100124),
+        (second, 100126),
+    }
+
+
+def test_the_stand_in_refuses_a_second_record_into_one_survivor(standin: StandIn) -> None:
+    standin.merge("movie", 62, 100063)
+    standin.merge("movie", 62, 100063, year=1980)  # the same record again: its terms change
+    with pytest.raises(ValueError, match="already carries merged record 62"):
+        standin.merge("movie", 63, 100063)
+    standin.merge("tv", 63, 100063)  # another kind's record of that id
+    # Over HTTP, as a demo or another process merges: 409 with the reason, nothing changed.
+    request = urllib.request.Request(
+        f"{standin.url}/__standin/merge",
+        data=json.dumps({"kind": "movie", "from": 64, "into": 100063}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=5)
+    assert refused.value.code == 409
+    assert "already carries merged record 62" in json.loads(refused.value.read())["error"]
+    assert ("movie", 64) not in standin.state.merges
