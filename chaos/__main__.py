@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import signal
 from pathlib import Path
 
 from chaos import netns
@@ -20,7 +21,14 @@ from chaos.run import run
 from chaos.servers import EmbeddedChaosServer, PrivateCluster, Server
 
 
+def _exit_on_terminate(signum: int, frame: object) -> None:
+    """A SIGTERM (`timeout`, a CI runner's cancel) unwinds like Ctrl-C, so the run's
+    workers, daemon, cluster and namespaces are stopped rather than orphaned."""
+    raise SystemExit(128 + signum)
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _exit_on_terminate)
     parser = argparse.ArgumentParser(prog="python -m chaos")
     parser.add_argument("--seed", type=int, help="the first seed (default: random)")
     parser.add_argument(
