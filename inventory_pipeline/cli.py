@@ -613,7 +613,12 @@ def lease_lines(lapses: LeaseOverview) -> list[str]:
         f"run out, not yet taken back: {_counted(lapses.expired)}"
     ]
     for lease in lapses.latest:
-        taken = f"taken by {lease.taken_by}" if lease.taken_by else "back in the queue"
+        taken = {
+            "taken": f"taken by {lease.taken_by}",
+            "requeued": "back in the queue",
+            "restarted": "its job restarted under a new run",
+            "failed": "failed for good (it was the last attempt)",
+        }[lease.outcome]
         lines.append(
             f"  {lease.taken_at:%H:%M:%S} {lease.kind} {lease.work}: lease of "
             f"{lease.holder or '-'} ran out {lease.lapsed_at:%H:%M:%S}, {taken}"

@@ -2,8 +2,10 @@
 -- Lapsed leases (docs/deployment.md#failure-guarantees): every lease that ran out
 -- before its holder finished is recorded as the database takes the work back: the
 -- work, the holder (a stats run's lock owner; for other leases "token" and the start of
--- the lease token), when the lease ran out, and who took the work (NULL: returned to the
--- queue, restarted under a new stats run, or failed on its last attempt). Triggers on
+-- the lease token), when the lease ran out, who took the work, and how it ended:
+-- taken (by `taken_by`), requeued (a profile request back to pending), restarted (a
+-- stats run retired so that its job starts again under a new run) or failed (a profile
+-- request whose lease ran out on its last attempt). Triggers on
 -- the four kinds of lease write it, so no code path can take lapsed work back
 -- unrecorded; the late holder's own writes record nothing (refused once its work was
 -- taken). `inventory-pipeline status` lists the last hour's; rows older than a week are
@@ -15,7 +17,9 @@ CREATE TABLE lapsed_leases (
     holder text,
     lapsed_at timestamptz NOT NULL,
     taken_by text,
-    taken_at timestamptz NOT NULL DEFAULT clock_timestamp()
+    taken_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    outcome text NOT NULL CHECK (outcome IN ('taken', 'requeued', 'restarted', 'failed')),
+    CONSTRAINT lapsed_leases_taken CHECK ((outcome = 'taken') = (taken_by IS NOT NULL))
 );
 CREATE INDEX lapsed_leases_taken_at ON lapsed_leases (taken_at);
 
@@ -31,26 +35,28 @@ BEGIN
     WHERE id IN (SELECT id FROM lapsed_leases WHERE taken_at < now() - interval '7 days'
                  ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED);
     IF TG_TABLE_NAME = 'profile_refresh_requests' THEN
-        INSERT INTO lapsed_leases (kind, work, holder, lapsed_at, taken_by)
+        INSERT INTO lapsed_leases (kind, work, holder, lapsed_at, outcome)
         VALUES ('profile request', NEW.id || ' for library ' || NEW.library_id,
                 'token ' || left(OLD.lease_token::text, 8), OLD.lease_expires_at,
-                'token ' || left(NEW.lease_token::text, 8));
+                CASE WHEN NEW.status = 'failed' THEN 'failed' ELSE 'requeued' END);
     ELSIF TG_TABLE_NAME = 'user_stats_projection_runs' THEN
-        INSERT INTO lapsed_leases (kind, work, holder, lapsed_at, taken_by)
-        VALUES ('stats run', NEW.id || ' for user ' || NEW.user_id, OLD.lock_owner,
-                OLD.lease_until,
-                CASE WHEN NEW.lock_owner IS DISTINCT FROM OLD.lock_owner THEN NEW.lock_owner END);
+        INSERT INTO lapsed_leases (kind, work, holder, lapsed_at, taken_by, outcome)
+        SELECT 'stats run', NEW.id || ' for user ' || NEW.user_id, OLD.lock_owner,
+               OLD.lease_until, taken.owner,
+               CASE WHEN taken.owner IS NULL THEN 'restarted' ELSE 'taken' END
+        FROM (SELECT CASE WHEN NEW.lock_owner IS DISTINCT FROM OLD.lock_owner
+                          THEN NEW.lock_owner END AS owner) AS taken;
     ELSIF TG_TABLE_NAME = 'media_server_items' THEN
-        INSERT INTO lapsed_leases (kind, work, holder, lapsed_at, taken_by)
+        INSERT INTO lapsed_leases (kind, work, holder, lapsed_at, taken_by, outcome)
         VALUES ('observation', 'of item ' || NEW.id,
                 'token ' || left(OLD.observation_lease_token::text, 8),
                 OLD.observation_lease_expires_at,
-                'token ' || left(NEW.observation_lease_token::text, 8));
+                'token ' || left(NEW.observation_lease_token::text, 8), 'taken');
     ELSE
-        INSERT INTO lapsed_leases (kind, work, holder, lapsed_at, taken_by)
+        INSERT INTO lapsed_leases (kind, work, holder, lapsed_at, taken_by, outcome)
         VALUES ('credential probe', 'of key generation ' || OLD.probe_generation,
                 'token ' || left(OLD.probe_lease_token::text, 8), OLD.probe_lease_expires_at,
-                'token ' || left(NEW.probe_lease_token::text, 8));
+                'token ' || left(NEW.probe_lease_token::text, 8), 'taken');
     END IF;
     RETURN NULL;
 END

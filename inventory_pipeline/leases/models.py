@@ -12,8 +12,11 @@ class LapsedLease:
     work: str  # which one, read after the kind: "12 for library 3", "of item 7", ...
     holder: str | None  # a stats run's lock owner, else "token " and the start of the token
     lapsed_at: datetime
-    taken_by: str | None  # None: returned to the queue, or restarted under a new run
+    taken_by: str | None  # set exactly when the outcome is "taken"
     taken_at: datetime
+    # taken (by `taken_by`), requeued (back to pending), restarted (a stats run retired
+    # so that its job starts again under a new run), failed (no attempt was left)
+    outcome: str
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ GROUP BY kind
 ORDER BY kind;
 
 -- name: latest_lapsed
-SELECT kind, work, holder, lapsed_at, taken_by, taken_at
+SELECT kind, work, holder, lapsed_at, taken_by, taken_at, outcome
 FROM lapsed_leases
 WHERE taken_at > now() - make_interval(secs => %(window)s)
 ORDER BY taken_at DESC, id DESC

@@ -43,9 +43,9 @@ def user(conn: Connection) -> uuid.UUID:
     return uuid.uuid4()
 
 
-def lapsed(conn: Connection) -> list[tuple[str, str | None, str | None]]:
-    rows = fetch_all(conn, "SELECT kind, holder, taken_by FROM lapsed_leases ORDER BY id")
-    return [(r["kind"], r["holder"], r["taken_by"]) for r in rows]
+def lapsed(conn: Connection) -> list[tuple[str, str | None, str | None, str]]:
+    rows = fetch_all(conn, "SELECT kind, holder, taken_by, outcome FROM lapsed_leases ORDER BY id")
+    return [(r["kind"], r["holder"], r["taken_by"], r["outcome"]) for r in rows]
 
 
 def test_a_profile_request_whose_lease_ran_out_is_recorded_back_in_the_queue(
@@ -57,12 +57,39 @@ def test_a_profile_request_whose_lease_ran_out_is_recorded_back_in_the_queue(
     [old] = profiles.claim(conn, POLICY).claims
     execute(conn, "UPDATE profile_refresh_requests SET lease_expires_at = now() - interval '1s'")
     assert profiles.plan(conn, POLICY).expired == 1
-    assert lapsed(conn) == [("profile request", f"token {str(old.lease_token)[:8]}", None)]
+    assert lapsed(conn) == [
+        ("profile request", f"token {str(old.lease_token)[:8]}", None, "requeued")
+    ]
     execute(conn, "UPDATE profile_refresh_requests SET available_at = now()")
     [new] = profiles.claim(conn, POLICY).claims
     assert profiles.process(conn, old, POLICY).outcome == "lost"  # the fence: nothing more
     assert profiles.process(conn, new, POLICY).outcome == "published"
     assert len(lapsed(conn)) == 1
+
+
+def test_a_profile_request_whose_lease_ran_out_on_its_last_attempt_is_recorded_failed(
+    conn: Connection,
+) -> None:
+    """The expiry failed it for good: the line says so, not "back in the queue"."""
+    lib = f.library(conn)
+    f.items(conn, lib, 3)
+    profiles.plan(conn, POLICY)
+    [dead] = profiles.claim(conn, POLICY).claims
+    execute(
+        conn,
+        "UPDATE profile_refresh_requests"
+        " SET lease_expires_at = now() - interval '1s', max_attempts = attempts",
+    )
+    assert profiles.plan(conn, POLICY).expired == 1
+    assert lapsed(conn) == [
+        ("profile request", f"token {str(dead.lease_token)[:8]}", None, "failed")
+    ]
+    [line] = lease_lines(leases.overview(conn))[1:]
+    assert (
+        f"profile request {dead.request_id} for library {lib}: lease of token"
+        f" {str(dead.lease_token)[:8]} ran out"
+    ) in line
+    assert line.endswith(", failed for good (it was the last attempt)")
 
 
 def broken(columns: object, rows: object) -> dict[str, object]:
@@ -100,14 +127,14 @@ def test_a_stats_run_whose_lease_lapsed_is_recorded_with_its_holder(
     assert dead is not None
     sf.expire_run(conn, dead.run_id, dead.lease_token)
     assert len(stats.drain(conn, "worker-b:22").published) == 1
-    [(kind, holder, _taken_by)] = lapsed(conn)
-    assert (kind, holder) == ("stats run", "worker-a:11")
+    assert lapsed(conn) == [("stats run", "worker-a:11", None, "restarted")]
     assert stats.compute(conn, dead).status == "lost"
     overview = leases.overview(conn)
     assert overview.lapsed == {"stats run": 1} and overview.expired["stats run"] == 0
     lines = lease_lines(overview)
     assert lines[0].startswith("lapsed leases        1 taken back in the last hour: stats run 1")
     assert f"stats run {dead.run_id} for user {user}: lease of worker-a:11 ran out" in lines[1]
+    assert lines[1].endswith(", its job restarted under a new run")
 
 
 def test_a_stats_run_published_in_time_records_nothing(conn: Connection, user: uuid.UUID) -> None:
@@ -133,6 +160,7 @@ def test_an_observation_lease_taken_over_is_recorded(conn: Connection) -> None:
             "observation",
             f"token {str(dead.lease_token)[:8]}",
             f"token {str(fresh.lease_token)[:8]}",
+            "taken",
         )
     ]
 
@@ -162,6 +190,7 @@ def test_a_credential_probe_lease_taken_over_is_recorded(conn: Connection) -> No
             "credential probe",
             f"token {str(dead.lease_token)[:8]}",
             f"token {str(live.lease_token)[:8]}",
+            "taken",
         )
     ]
     assert not credentials.complete_probe(conn, dead, "verified", None).accepted
@@ -171,16 +200,16 @@ def test_a_credential_probe_lease_taken_over_is_recorded(conn: Connection) -> No
 def test_the_ledger_keeps_a_week(conn: Connection, user: uuid.UUID) -> None:
     execute(
         conn,
-        "INSERT INTO lapsed_leases (kind, work, holder, lapsed_at, taken_by, taken_at)"
+        "INSERT INTO lapsed_leases (kind, work, holder, lapsed_at, taken_by, taken_at, outcome)"
         " VALUES ('stats run', 'run 1 of user x', 'old', now() - interval '8 days', NULL,"
-        " now() - interval '8 days')",
+        " now() - interval '8 days', 'restarted')",
     )
     sf.save(conn, user, D, sf.sets(("squat", 100, 5)))
     dead = stats.claim(conn, "worker-a:11")
     assert dead is not None
     sf.expire_run(conn, dead.run_id, dead.lease_token)
     stats.drain(conn, "worker-b:22")
-    assert [holder for _, holder, _ in lapsed(conn)] == ["worker-a:11"]
+    assert [holder for _, holder, _, _ in lapsed(conn)] == ["worker-a:11"]
 
 
 def test_status_shows_whose_lease_lapsed_and_who_took_the_work(
