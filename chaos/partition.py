@@ -11,7 +11,8 @@ the network's, made in the router, which tells neither end anything.
 
 The faults (PLANS), each at a fixed point of the run, one host at a time:
 - cut: drop every packet to and from a host, timed to catch it claiming, or one of its
-  stats workers holding a claim (computing, or publishing); 45 s (longer than a lease and
+  stats workers holding a claim (computing, or publishing; the holder frozen until the
+  cut is in place, so it still holds the claim when the cut begins); 45 s (longer than a lease and
   than the server's bound) or 10 s (longer than a lease only), then heal;
 - degrade: lose a share of what a host sends and delay every packet both ways;
 - lose: freeze a host's processes and delete its link and namespace for good.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -245,14 +247,17 @@ class Site:
         fault, host = record.fault, self.hosts[record.fault.host]
         try:
             with connect(url, application_name="chaos.harness") as conn:
-                record.moment = _await_moment(conn, fault.moment, pids)
-                record.started = time.time()
-                if fault.kind == "cut":
-                    self.network.cut(host)
-                elif fault.kind == "degrade":
-                    self.network.degrade(host, DEGRADE_LOSS_PERCENT, DEGRADE_DELAY_SECONDS)
-                else:
-                    self.network.lose(host)
+                record.moment, frozen = _await_moment(conn, fault.moment, pids)
+                try:
+                    record.started = time.time()
+                    if fault.kind == "cut":
+                        self.network.cut(host)
+                    elif fault.kind == "degrade":
+                        self.network.degrade(host, DEGRADE_LOSS_PERCENT, DEGRADE_DELAY_SECONDS)
+                    else:
+                        self.network.lose(host)
+                finally:
+                    _thaw(frozen)
                 # What the host holds once nothing it sent before the fault can still
                 # land (a commit in flight as it struck is the host's own finish).
                 time.sleep(IN_FLIGHT_SECONDS)
@@ -300,12 +305,18 @@ class Held:
 # A stats claim of the host's, live, in a phase, and whether its worker is in a
 # transaction (the moment a cut waits for).
 LIVE_CLAIMS = (
-    "SELECT r.id, r.phase, bool_or(a.xact_start IS NOT NULL) AS in_transaction"
+    "SELECT r.id, r.phase, r.lock_owner, bool_or(a.xact_start IS NOT NULL) AS in_transaction"
     " FROM user_stats_projection_runs r LEFT JOIN pg_stat_activity a"
     "   ON r.lock_owner = 'chaos-' || substring(a.application_name FROM '[.]([0-9]+)$')"
     f"  AND a.application_name ~ {STATS_WORKERS}"
     " WHERE r.phase IN ('claimed', 'computed') AND r.lease_until > now()"
-    " AND r.lock_owner = ANY(%(owners)s) GROUP BY r.id, r.phase"
+    " AND r.lock_owner = ANY(%(owners)s) GROUP BY r.id, r.phase, r.lock_owner"
+)
+# The caught claim, still its holder's in its phase with a second of lease left once the
+# frozen holder's last words have landed.
+STILL_CAUGHT = (
+    "SELECT 1 FROM user_stats_projection_runs WHERE id = %(id)s AND phase = %(phase)s"
+    " AND lock_owner = %(owner)s AND lease_until > now() + interval '1 second'"
 )
 # What the host holds: its stats claims and its profile requests' leases (run out or not:
 # until another host or the database takes them, they are its).
@@ -340,26 +351,46 @@ def _owners(pids: list[int]) -> list[str]:
     return [f"chaos-{pid}" for pid in pids]
 
 
-def _await_moment(conn: Connection, moment: str, pids: list[int]) -> str:
+def _await_moment(conn: Connection, moment: str, pids: list[int]) -> tuple[str, int | None]:
     """Wait (a bounded time) until the host runs a claim statement ("claiming"), or one
     of its stats workers holds a live claim in the wanted phase: "computing" (claimed,
-    not yet computed) or "publishing" (computed, not yet published). What was caught."""
+    not yet computed) or "publishing" (computed, not yet published). Returns what was
+    caught and, for a phase, the holder's pid, frozen (SIGSTOP) so the fault strikes
+    while it still holds the claim: it is caught only once its last words have landed
+    and the claim is still its own. The caller thaws it once the fault is in place."""
     if moment == "any":
-        return "any moment"
+        return "any moment", None
     phase = {"computing": "claimed", "publishing": "computed"}.get(moment)
     deadline = time.monotonic() + MOMENT_LOOK_SECONDS
     while time.monotonic() < deadline:
         if moment == "claiming":
             if fetch_one(conn, CLAIMING, {"like": [f"chaos.%.{pid}" for pid in pids]}):
-                return "claiming, in a transaction"
+                return "claiming, in a transaction", None
         else:
             runs = fetch_all(conn, LIVE_CLAIMS, {"owners": _owners(pids)})
-            caught = [r for r in runs if r["phase"] == phase]
-            if caught:
-                where = "in a transaction" if caught[0]["in_transaction"] else "between them"
-                return f"{moment}, {where}"
+            for run in (r for r in runs if r["phase"] == phase):
+                holder = int(str(run["lock_owner"]).removeprefix("chaos-"))
+                try:
+                    os.kill(holder, signal.SIGSTOP)
+                except ProcessLookupError:
+                    continue
+                time.sleep(IN_FLIGHT_SECONDS)
+                caught = {"id": run["id"], "phase": phase, "owner": run["lock_owner"]}
+                if fetch_one(conn, STILL_CAUGHT, caught) is None:
+                    _thaw(holder)  # it finished meanwhile, or lost the claim
+                    continue
+                where = "in a transaction" if run["in_transaction"] else "between them"
+                return f"{moment}, {where}", holder
         time.sleep(0.005)
-    return f"no claim {moment} caught in {MOMENT_LOOK_SECONDS:.0f} s"
+    return f"no claim {moment} caught in {MOMENT_LOOK_SECONDS:.0f} s", None
+
+
+def _thaw(pid: int | None) -> None:
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
 
 
 def _held(conn: Connection, pids: list[int]) -> Held:
