@@ -5,7 +5,7 @@
 -- the lease token), when the lease ran out, who took the work, and how it ended:
 -- taken (by `taken_by`), requeued (a profile request back to pending), restarted (a
 -- stats run retired so that its job starts again under a new run) or failed (a profile
--- request whose lease ran out on its last attempt). Triggers on
+-- request or a stats job whose lease ran out on its last attempt). Triggers on
 -- the four kinds of lease write it, so no code path can take lapsed work back
 -- unrecorded; the late holder's own writes record nothing (refused once its work was
 -- taken). `inventory-pipeline status` lists the last hour's; rows older than a week are
@@ -43,9 +43,16 @@ BEGIN
         INSERT INTO lapsed_leases (kind, work, holder, lapsed_at, taken_by, outcome)
         SELECT 'stats run', NEW.id || ' for user ' || NEW.user_id, OLD.lock_owner,
                OLD.lease_until, taken.owner,
-               CASE WHEN taken.owner IS NULL THEN 'restarted' ELSE 'taken' END
+               CASE WHEN taken.owner IS NOT NULL THEN 'taken'
+                    WHEN taken.exhausted THEN 'failed' ELSE 'restarted' END
         FROM (SELECT CASE WHEN NEW.lock_owner IS DISTINCT FROM OLD.lock_owner
-                          THEN NEW.lock_owner END AS owner) AS taken;
+                          THEN NEW.lock_owner END AS owner,
+                     -- Retired: its job starts again, unless that was the job's last
+                     -- attempt (the claim counts one more and fails the job after this).
+                     (SELECT j.attempts + 1 > s.max_attempts
+                      FROM user_exercise_stats_refresh_jobs j
+                      CROSS JOIN stats_projection_worker_settings s
+                      WHERE j.id = NEW.job_id AND s.id = 1) AS exhausted) AS taken;
     ELSIF TG_TABLE_NAME = 'media_server_items' THEN
         INSERT INTO lapsed_leases (kind, work, holder, lapsed_at, taken_by, outcome)
         VALUES ('observation', 'of item ' || NEW.id,

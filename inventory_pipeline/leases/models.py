@@ -15,7 +15,8 @@ class LapsedLease:
     taken_by: str | None  # set exactly when the outcome is "taken"
     taken_at: datetime
     # taken (by `taken_by`), requeued (back to pending), restarted (a stats run retired
-    # so that its job starts again under a new run), failed (no attempt was left)
+    # so that its job starts again under a new run), failed (no attempt was left: the
+    # request or the stats job failed for good)
     outcome: str
 
 

@@ -137,6 +137,23 @@ def test_a_stats_run_whose_lease_lapsed_is_recorded_with_its_holder(
     assert lines[1].endswith(", its job restarted under a new run")
 
 
+def test_a_stats_run_whose_lease_lapsed_on_its_jobs_last_attempt_is_recorded_failed(
+    conn: Connection, user: uuid.UUID
+) -> None:
+    """The claim that retires it counts one more attempt and fails the job for good."""
+    sf.save(conn, user, D, sf.sets(("squat", 100, 5)))
+    dead = stats.claim(conn, "worker-a:11")
+    assert dead is not None
+    sf.expire_run(conn, dead.run_id, dead.lease_token)
+    execute(conn, "UPDATE stats_projection_worker_settings SET max_attempts = 1")
+    assert stats.drain(conn, "worker-b:22").published == ()
+    status = fetch_all(conn, "SELECT status FROM user_exercise_stats_refresh_jobs")
+    assert [r["status"] for r in status] == ["failed"]
+    assert lapsed(conn) == [("stats run", "worker-a:11", None, "failed")]
+    [line] = lease_lines(leases.overview(conn))[1:]
+    assert line.endswith(", failed for good (it was the last attempt)")
+
+
 def test_a_stats_run_published_in_time_records_nothing(conn: Connection, user: uuid.UUID) -> None:
     sf.save(conn, user, D, sf.sets(("squat", 100, 5)))
     assert len(stats.drain(conn, "worker-a:11").published) == 1
