@@ -23,7 +23,9 @@ from chaos.servers import EmbeddedChaosServer, PrivateCluster, Server
 
 def _exit_on_terminate(signum: int, frame: object) -> None:
     """A SIGTERM (`timeout`, a CI runner's cancel) unwinds like Ctrl-C, so the run's
-    workers, daemon, cluster and namespaces are stopped rather than orphaned."""
+    workers, daemon, cluster and namespaces are stopped rather than orphaned; a second
+    one does not cut that cleanup short."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(128 + signum)
 
 

@@ -257,7 +257,8 @@ class Site:
                     else:
                         self.network.lose(host)
                 finally:
-                    _thaw(frozen)
+                    if fault.kind != "lose":  # a lost host's processes stay frozen
+                        _thaw(frozen)
                 # What the host holds once nothing it sent before the fault can still
                 # land (a commit in flight as it struck is the host's own finish).
                 time.sleep(IN_FLIGHT_SECONDS)
@@ -374,9 +375,14 @@ def _await_moment(conn: Connection, moment: str, pids: list[int]) -> tuple[str, 
                     os.kill(holder, signal.SIGSTOP)
                 except ProcessLookupError:
                     continue
-                time.sleep(IN_FLIGHT_SECONDS)
-                caught = {"id": run["id"], "phase": phase, "owner": run["lock_owner"]}
-                if fetch_one(conn, STILL_CAUGHT, caught) is None:
+                try:
+                    time.sleep(IN_FLIGHT_SECONDS)
+                    caught = {"id": run["id"], "phase": phase, "owner": run["lock_owner"]}
+                    still = fetch_one(conn, STILL_CAUGHT, caught) is not None
+                except BaseException:
+                    _thaw(holder)
+                    raise
+                if not still:
                     _thaw(holder)  # it finished meanwhile, or lost the claim
                     continue
                 where = "in a transaction" if run["in_transaction"] else "between them"

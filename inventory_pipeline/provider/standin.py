@@ -203,6 +203,9 @@ class StandInState:
                     f"{kind} {merge.into} already carries merged record {taken[0]}:"
                     " merge each record into a survivor of its own"
                 )
+            earlier = self.merges.get((kind, merged))
+            if earlier is not None:  # merged again, elsewhere: the old survivor is free
+                self.survivors.pop((kind, earlier.into), None)
             self.merges[(kind, merged)] = merge
             self.survivors[(kind, merge.into)] = (merged, merge)
 
@@ -319,19 +322,17 @@ class _Handler(BaseHTTPRequestHandler):
                 for a in body.get("also") or []
             ]
             year = body.get("year")
+            merged = int(body["from"])
+            merge = Merge(
+                into=int(body["into"]),
+                title=body.get("title"),
+                original_title=body.get("original_title"),
+                year=int(year) if year is not None else None,
+                round_trip=bool(body.get("round_trip", True)),
+                also=tuple(also),
+            )
             try:
-                state.merge(
-                    kind,
-                    int(body["from"]),
-                    Merge(
-                        into=int(body["into"]),
-                        title=body.get("title"),
-                        original_title=body.get("original_title"),
-                        year=int(year) if year is not None else None,
-                        round_trip=bool(body.get("round_trip", True)),
-                        also=tuple(also),
-                    ),
-                )
+                state.merge(kind, merged, merge)
             except ValueError as exc:
                 self._json(409, {"error": str(exc)})
                 return

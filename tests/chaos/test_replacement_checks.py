@@ -171,3 +171,6 @@ def test_the_stand_in_refuses_a_second_record_into_one_survivor(standin: StandIn
     assert refused.value.code == 409
     assert "already carries merged record 62" in json.loads(refused.value.read())["error"]
     assert ("movie", 64) not in standin.state.merges
+    # Record 62 merged again, into another survivor: 100063 is free for another record.
+    standin.merge("movie", 62, 100065)
+    standin.merge("movie", 63, 100063)
