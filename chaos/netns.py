@@ -36,7 +36,9 @@ from typing import TypeVar
 ROOT = Path(__file__).resolve().parents[1]
 SUBNET = "10.36"
 # Every forwarded packet passes a limit: the harness's own traffic is far below it, so it
-# only bounds what a runaway process could send across the links.
+# only bounds what a runaway process could send across the links. Its burst is a second's
+# worth: a TCP window's packets arrive back to back, and a limit without a burst (nft's
+# default is 5 packets) drops them, stalling healthy connections until they time out.
 FORWARD_LIMIT_PACKETS_PER_SECOND = 20_000
 DELAY_QUEUE = 36
 _counter = itertools.count()
@@ -86,7 +88,8 @@ class Network:
                 "add table inet faults",
                 "add chain inet faults forward { type filter hook forward priority -10; }",
                 "add rule inet faults forward limit rate over"
-                f" {FORWARD_LIMIT_PACKETS_PER_SECOND}/second drop",
+                f" {FORWARD_LIMIT_PACKETS_PER_SECOND}/second"
+                f" burst {FORWARD_LIMIT_PACKETS_PER_SECOND} packets counter drop",
             )
         except BaseException:
             self.close()
