@@ -12,8 +12,8 @@ the network's, made in the router, which tells neither end anything.
 The faults (PLANS), each at a fixed point of the run, one host at a time:
 - cut: drop every packet to and from a host, timed to catch it claiming, or one of its
   stats workers holding a claim (computing, or publishing; the holder frozen until the
-  cut is in place, so it still holds the claim when the cut begins); 45 s (longer than a lease and
-  than the server's bound) or 10 s (longer than a lease only), then heal;
+  cut is in place, so it still holds the claim when the cut begins); 45 s (longer than
+  a lease and than the server's bound) or 10 s (longer than a lease only), then heal;
 - degrade: lose a share of what a host sends and delay every packet both ways;
 - lose: freeze a host's processes and delete its link and namespace for good.
 

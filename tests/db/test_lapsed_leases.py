@@ -17,12 +17,13 @@ from inventory_pipeline.credentials import service as credentials
 from inventory_pipeline.db import Connection, execute, fetch_all
 from inventory_pipeline.leases import service as leases
 from inventory_pipeline.profiles import service as profiles
-from inventory_pipeline.profiles.models import RefreshPolicy
+from inventory_pipeline.profiles.models import Claim, RefreshPolicy
 from inventory_pipeline.provider.standin import StandIn
 from inventory_pipeline.provider.tmdb import TmdbClient
 from inventory_pipeline.recovery import service as recovery
 from inventory_pipeline.recovery.policy import RetryPolicy
 from inventory_pipeline.stats import service as stats
+from inventory_pipeline.stats.models import StatsClaim
 from tests import factories as f
 from tests import stats_factories as sf
 from tests.conftest import TMDB_TEST_KEY
@@ -48,13 +49,28 @@ def lapsed(conn: Connection) -> list[tuple[str, str | None, str | None, str]]:
     return [(r["kind"], r["holder"], r["taken_by"], r["outcome"]) for r in rows]
 
 
-def test_a_profile_request_whose_lease_ran_out_is_recorded_back_in_the_queue(
-    conn: Connection,
-) -> None:
+def claimed_request(conn: Connection) -> tuple[int, Claim]:
+    """A library with items, its refresh planned and claimed: (library, claim)."""
     lib = f.library(conn)
     f.items(conn, lib, 3)
     profiles.plan(conn, POLICY)
-    [old] = profiles.claim(conn, POLICY).claims
+    [claim] = profiles.claim(conn, POLICY).claims
+    return lib, claim
+
+
+def lapsed_stats_claim(conn: Connection, user: uuid.UUID) -> StatsClaim:
+    """A save's stats run claimed by worker-a:11, whose lease then ran out."""
+    sf.save(conn, user, D, sf.sets(("squat", 100, 5)))
+    dead = stats.claim(conn, "worker-a:11")
+    assert dead is not None
+    sf.expire_run(conn, dead.run_id, dead.lease_token)
+    return dead
+
+
+def test_a_profile_request_whose_lease_ran_out_is_recorded_back_in_the_queue(
+    conn: Connection,
+) -> None:
+    _lib, old = claimed_request(conn)
     execute(conn, "UPDATE profile_refresh_requests SET lease_expires_at = now() - interval '1s'")
     assert profiles.plan(conn, POLICY).expired == 1
     assert lapsed(conn) == [
@@ -71,10 +87,7 @@ def test_a_profile_request_whose_lease_ran_out_on_its_last_attempt_is_recorded_f
     conn: Connection,
 ) -> None:
     """The expiry failed it for good: the line says so, not "back in the queue"."""
-    lib = f.library(conn)
-    f.items(conn, lib, 3)
-    profiles.plan(conn, POLICY)
-    [dead] = profiles.claim(conn, POLICY).claims
+    lib, dead = claimed_request(conn)
     execute(
         conn,
         "UPDATE profile_refresh_requests"
@@ -99,10 +112,7 @@ def broken(columns: object, rows: object) -> dict[str, object]:
 def test_a_holders_own_late_failure_report_is_not_a_lapse(conn: Connection) -> None:
     """Until the planner's expiry runs, a holder whose lease ran out still holds its
     token: its failure report is its own, not work taken back."""
-    lib = f.library(conn)
-    f.items(conn, lib, 3)
-    profiles.plan(conn, POLICY)
-    [claim] = profiles.claim(conn, POLICY).claims
+    _lib, claim = claimed_request(conn)
     execute(conn, "UPDATE profile_refresh_requests SET lease_expires_at = now() - interval '1s'")
     assert profiles.process(conn, claim, POLICY, broken).outcome == "failed"
     assert profiles.plan(conn, POLICY).expired == 0
@@ -110,10 +120,7 @@ def test_a_holders_own_late_failure_report_is_not_a_lapse(conn: Connection) -> N
 
 
 def test_a_request_finished_in_time_records_nothing(conn: Connection) -> None:
-    lib = f.library(conn)
-    f.items(conn, lib, 3)
-    profiles.plan(conn, POLICY)
-    [claim] = profiles.claim(conn, POLICY).claims
+    _lib, claim = claimed_request(conn)
     assert profiles.process(conn, claim, POLICY).outcome == "published"
     assert profiles.plan(conn, POLICY).expired == 0
     assert lapsed(conn) == []
@@ -122,10 +129,7 @@ def test_a_request_finished_in_time_records_nothing(conn: Connection) -> None:
 def test_a_stats_run_whose_lease_lapsed_is_recorded_with_its_holder(
     conn: Connection, user: uuid.UUID
 ) -> None:
-    sf.save(conn, user, D, sf.sets(("squat", 100, 5)))
-    dead = stats.claim(conn, "worker-a:11")
-    assert dead is not None
-    sf.expire_run(conn, dead.run_id, dead.lease_token)
+    dead = lapsed_stats_claim(conn, user)
     assert len(stats.drain(conn, "worker-b:22").published) == 1
     assert lapsed(conn) == [("stats run", "worker-a:11", None, "restarted")]
     assert stats.compute(conn, dead).status == "lost"
@@ -141,10 +145,7 @@ def test_a_stats_run_whose_lease_lapsed_on_its_jobs_last_attempt_is_recorded_fai
     conn: Connection, user: uuid.UUID
 ) -> None:
     """The claim that retires it counts one more attempt and fails the job for good."""
-    sf.save(conn, user, D, sf.sets(("squat", 100, 5)))
-    dead = stats.claim(conn, "worker-a:11")
-    assert dead is not None
-    sf.expire_run(conn, dead.run_id, dead.lease_token)
+    lapsed_stats_claim(conn, user)
     execute(conn, "UPDATE stats_projection_worker_settings SET max_attempts = 1")
     assert stats.drain(conn, "worker-b:22").published == ()
     status = fetch_all(conn, "SELECT status FROM user_exercise_stats_refresh_jobs")
@@ -221,10 +222,7 @@ def test_the_ledger_keeps_a_week(conn: Connection, user: uuid.UUID) -> None:
         " VALUES ('stats run', 'run 1 of user x', 'old', now() - interval '8 days', NULL,"
         " now() - interval '8 days', 'restarted')",
     )
-    sf.save(conn, user, D, sf.sets(("squat", 100, 5)))
-    dead = stats.claim(conn, "worker-a:11")
-    assert dead is not None
-    sf.expire_run(conn, dead.run_id, dead.lease_token)
+    lapsed_stats_claim(conn, user)
     stats.drain(conn, "worker-b:22")
     assert [holder for _, holder, _, _ in lapsed(conn)] == ["worker-a:11"]
 
@@ -239,10 +237,7 @@ def test_status_shows_whose_lease_lapsed_and_who_took_the_work(
     for name in ("INVENTORY_DAGSTER_STORAGE_URL", "DAGSTER_HOME"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("INVENTORY_DATABASE_URL", db_url)
-    sf.save(conn, user, D, sf.sets(("squat", 100, 5)))
-    dead = stats.claim(conn, "worker-a:11")
-    assert dead is not None
-    sf.expire_run(conn, dead.run_id, dead.lease_token)
+    dead = lapsed_stats_claim(conn, user)
     assert cli.main(["status"]) == 0
     waiting = [x for x in capsys.readouterr().out.splitlines() if x.startswith("lapsed leases")]
     assert waiting == [
