@@ -40,7 +40,8 @@ ADMISSION_QUERIES = "inventory_pipeline/provider/admission.sql"
 # (a scratch database is built from migrations/; tests/unit/test_guards.py checks that
 # no later migration defines the guarded text again).
 STATS_WORKER = "migrations/0026_stats_simple_worker.sql"  # stats_renew_lease
-STATS_STAGES = "migrations/0030_recorded_error_sqlstate.sql"  # the stages and the fence
+STATS_STAGES = "migrations/0030_recorded_error_sqlstate.sql"  # the claim and the fence
+STATS_STEPS = "migrations/0033_stats_interrupted_stage_given_back.sql"  # compute, publish
 
 # The three checks of a stats lease's end: the compute's, the renewal's (from the lease's
 # slot row), the publication's.
@@ -219,7 +220,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         "stats_compute_token",
-        STATS_STAGES,
+        STATS_STEPS,
         "    WHERE r.id = p_run_id AND r.lease_token = p_lease_token\n    FOR UPDATE SKIP LOCKED;",
         "    WHERE r.id = p_run_id\n    FOR UPDATE SKIP LOCKED;",
         "only the lease holder computes a run",
@@ -228,7 +229,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         "stats_publish_token",
-        STATS_STAGES,
+        STATS_STEPS,
         "    WHERE r.id = p_run_id AND r.lease_token = p_lease_token\n"
         "      AND r.phase = 'computed' AND r.lease_until > now()",
         "    WHERE r.id = p_run_id\n      AND r.phase = 'computed' AND r.lease_until > now()",
@@ -238,7 +239,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         "stats_publish_expiry",
-        STATS_STAGES,
+        STATS_STEPS,
         PUBLISH_CHECK,
         "      AND r.phase = 'computed' AND r.retry_not_before IS NULL",
         "a publication after its lease ended publishes nothing",
@@ -258,7 +259,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         "stats_compute_expiry",
-        STATS_STAGES,
+        STATS_STEPS,
         COMPUTE_CHECK,
         "    ELSIF false THEN",
         "a compute step after its lease ended takes no step",
@@ -267,7 +268,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         "stats_lease_end",
-        STATS_STAGES,
+        STATS_STEPS,
         COMPUTE_CHECK,
         "    ELSIF false THEN",
         "a stats worker past its lease takes no step, though nobody took over: the run's"
@@ -278,7 +279,7 @@ GUARDS: tuple[Guard, ...] = (
         more=(
             (STATS_WORKER, RENEW_CHECK, "    WHERE run_id = p_run_id\n    FOR UPDATE;"),
             (
-                STATS_STAGES,
+                STATS_STEPS,
                 PUBLISH_CHECK,
                 "      AND r.phase = 'computed' AND r.retry_not_before IS NULL",
             ),
@@ -286,7 +287,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         "stats_publish_generation",
-        STATS_STAGES,
+        STATS_STEPS,
         "    IF run.target_version <= v_state.applied_version THEN",
         "    IF false THEN",
         "a generation never publishes over a newer or equal applied one",
@@ -296,7 +297,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         "stats_publish_base",
-        STATS_STAGES,
+        STATS_STEPS,
         "    ELSIF v_state.applied_version <> run.base_applied_version THEN",
         "    ELSIF false THEN",
         "a run publishes only on the base it computed from",
@@ -320,6 +321,18 @@ GUARDS: tuple[Guard, ...] = (
         (
             "tests/db/test_stats_leases.py::test_a_lowered_cap_stops_claims_above_it_and_lets_its_leases_finish",
             "tests/chaos/test_checks.py::test_leases_beyond_the_cap_are_seen_and_a_lowered_cap_lets_earlier_ones_run_out",
+        ),
+    ),
+    Guard(
+        "stats_give_back_holder",
+        STATS_STEPS,
+        "    WHERE r.id = p_run_id AND r.lease_token = p_lease_token"
+        " AND r.lock_owner = p_lock_owner\n",
+        "    WHERE r.id = p_run_id AND r.lease_token = p_lease_token\n",
+        "a worker gives back only a run it still holds (a lapsed batch run resumed by another"
+        " worker keeps its token)",
+        (
+            "tests/db/test_stats_interruptions.py::test_a_worker_whose_batch_run_was_resumed_elsewhere_gives_nothing_back",
         ),
     ),
     Guard(

@@ -16,37 +16,25 @@ that applies the migrations). `read_pr_overview` also serves the application rol
 from __future__ import annotations
 
 from datetime import date
-from decimal import Decimal
-from typing import TypedDict, cast
 from uuid import UUID
 
 from inventory_pipeline.db import Connection, DatabaseError, connect, transaction
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.stats import service as stats
-from inventory_pipeline.stats.models import AccountResult
+from inventory_pipeline.stats.models import AccountResult, PrExercise, PrOverview
 
 __all__ = [
     "AccountResult",
     "Connection",
     "DatabaseError",
-    "PrOverviewRow",
+    "PrExercise",
+    "PrOverview",
     "connect",
     "process_user",
     "read_pr_overview",
     "request_learning_refresh",
     "transaction",
 ]
-
-
-class PrOverviewRow(TypedDict):
-    """One exercise of a user's PR overview for one date (kilograms, two decimals)."""
-
-    exercise_id: str
-    best_e1rm_all_time: Decimal | None
-    best_e1rm_30d: Decimal | None
-    best_e1rm_30d_prior_year: Decimal | None
-    heaviest_kg: Decimal | None
-    stale: bool
 
 
 def request_learning_refresh(
@@ -106,28 +94,35 @@ def process_user(conn: Connection, user_id: UUID, lock_owner: str) -> AccountRes
         with connect(url) as conn:
             result = process_user(conn, user_id, "app")
             if result.outcome == "published":
-                rows = read_pr_overview(conn, user_id, date.today())
+                overview = read_pr_overview(conn, user_id, date.today())
     """
     return stats.process_user(conn, user_id, lock_owner)
 
 
-def read_pr_overview(conn: Connection, user_id: UUID, as_of: date) -> list[PrOverviewRow]:
-    """A user's PR overview for one date: one row per exercise.
+def read_pr_overview(conn: Connection, user_id: UUID, as_of: date) -> PrOverview:
+    """A user's PR overview for one date: the generation it serves, whether it is
+    stale, and one entry per exercise.
 
     An application calls it to show a user's personal records. It reads the snapshot
     of the user's applied generation for exactly that date; snapshots exist for the
     database date and the day either side, and nothing is computed at read time. It
     fails closed: for any other date, or a user with no published stats, it raises
-    `DatabaseError` with SQLSTATE 55000 rather than answer from another date. Every row
-    says `stale` while a newer generation than the one it serves is requested or a
-    range of the user's is owed, so the caller can say the figures are catching up.
+    `DatabaseError` with SQLSTATE 55000 rather than answer from another date. `stale` is
+    true while a newer generation than the one it serves is requested or a range of the
+    user's is owed, so the caller can say the figures are catching up; it says so even
+    when `exercises` is empty (a user whose only save is not yet published, or whose
+    sessions were all deleted), where "no records" would otherwise read as current.
 
-    Transaction: one read-only statement; it takes no lock a writer waits for.
+    Transaction: one read-only statement (the header and the exercises from one
+    snapshot); it takes no lock a writer waits for.
 
     Example::
 
         with connect(url) as conn:
-            for row in read_pr_overview(conn, user_id, date.today()):
-                print(row["exercise_id"], row["best_e1rm_all_time"], row["stale"])
+            overview = read_pr_overview(conn, user_id, date.today())
+            for exercise in overview.exercises:
+                print(exercise.exercise_id, exercise.best_e1rm_all_time)
+            if overview.stale:
+                print("catching up")
     """
-    return cast(list[PrOverviewRow], stats.read_pr_overview(conn, user_id, as_of))
+    return stats.read_pr_overview(conn, user_id, as_of)

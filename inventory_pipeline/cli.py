@@ -716,7 +716,7 @@ def _drain_line(summary: DrainSummary) -> str:
         f"published {len(summary.published)} generations, "
         f"{summary.deferred} deferred, {summary.rejected} rejected, "
         f"{summary.failed} failed, {summary.lost} lost, {summary.interrupted} interrupted"
-    )
+    ) + (f"; claiming failed: {summary.claim_error}" if summary.claim_error else "")
 
 
 def _stats_drain(args: argparse.Namespace, settings: Settings) -> int:
@@ -745,7 +745,7 @@ def _stats_drain(args: argparse.Namespace, settings: Settings) -> int:
             print(f"ended: {ended}; in all:", end=" ")
         paused = stats.work_waiting(conn).paused
     print(_drain_line(summary) + ("; the worker is paused" if paused else ""))
-    return 0 if summary.failed == 0 else 1
+    return 0 if summary.failed == 0 and summary.claim_error is None else 1
 
 
 def _proposal_line(p: Proposal) -> str:

@@ -15,7 +15,7 @@ from typing import Any, NoReturn, TypeAlias
 from urllib.parse import quote, unquote
 
 import psycopg
-from psycopg import conninfo, pq, sql
+from psycopg import conninfo, sql
 from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
@@ -347,43 +347,20 @@ def fetch_one_armed(
     conn: Connection, arm: str, arm_params: Params, query: str, params: Params = None
 ) -> Row | None:
     """`query`'s first row, with `arm` (a statement that sets transaction-local settings,
-    such as a statement budget, which the server arms when a statement starts) run
-    first in the same transaction. On an autocommit connection outside a transaction
-    both go in one round trip through psycopg's pipeline mode and form one implicit
-    transaction, committed at its sync; inside the caller's transaction they run in a
-    savepoint, and commit with the caller."""
+    such as a statement budget) run first in the same transaction: two plain statements in
+    a transaction of their own, or in a savepoint of the caller's transaction (committed
+    with the caller's). An error rolls both back and leaves the session usable."""
     with translate_errors():
-        if in_transaction(conn):
-            # The arm's settings are transaction-local: a released savepoint keeps them,
-            # so the caller's later statements (and the next armed call's own arm)
-            # would run under this call's budget. The caller's timeout is put back.
-            caller = conn.execute(CALLER_TIMEOUT).fetchone()
-            with conn.transaction():
-                conn.execute(arm, arm_params)
-                row = conn.execute(query, params).fetchone()
+        # The arm's settings are transaction-local: a released savepoint keeps them, so
+        # the caller's later statements would run under this call's budget. The caller's
+        # timeout is put back.
+        caller = conn.execute(CALLER_TIMEOUT).fetchone() if in_transaction(conn) else None
+        with conn.transaction():
+            conn.execute(arm, arm_params)
+            row = conn.execute(query, params).fetchone()
+            if caller is not None:
                 conn.execute(RESTORE_TIMEOUT, caller)
-            return row
-        # A statement's error arrives at the sync, when the block ends. An error raised
-        # inside the block (a connection already lost) is raised after it, so that the
-        # block's own end reports the connection rather than logging a second error.
-        sent: psycopg.Error | None = None
-        try:
-            with conn.pipeline():
-                try:
-                    conn.execute(arm, arm_params)
-                    cursor = conn.execute(query, params)
-                except psycopg.Error as exc:
-                    sent = exc
-        except psycopg.Error:
-            # A pipeline the driver could not leave ("cannot exit pipeline mode while
-            # busy") leaves the session unusable: close it, so its owner reconnects
-            # instead of sending its next statement into the abandoned pipeline.
-            if conn.pgconn.pipeline_status != pq.PipelineStatus.OFF:
-                conn.close()
-            raise
-        if sent is not None:
-            raise sent
-        return cursor.fetchone()
+        return row
 
 
 def execute(conn: Connection, query: str, params: Params = None) -> int:

@@ -10,15 +10,17 @@ what was published.
 
 import contextlib
 import enum
+import json
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import dagster as dg
 
-from inventory_pipeline.db import DatabaseError
-from inventory_pipeline.defs.resources import QUEUE_TAG, InventoryDatabase, runs_in_flight
+from inventory_pipeline.db import Connection, DatabaseError
+from inventory_pipeline.defs.resources import IN_FLIGHT, QUEUE_TAG, InventoryDatabase
 from inventory_pipeline.defs.sources import STATS_GROUP, training_log
-from inventory_pipeline.defs.ticks import logged
+from inventory_pipeline.defs.ticks import cursor_state, logged
 from inventory_pipeline.stats import maintenance, runbook, service
 from inventory_pipeline.stats.models import DrainSummary
 
@@ -86,6 +88,17 @@ MAX_RUNTIME_SECONDS = int(MAX_LIFETIME_SECONDS) + 300
 # sensor launches one more.
 DRAINS_AT_ONCE = 2
 BEHIND_SECONDS = 30.0
+# A started drain run whose database session is gone (it holds no drain lock) for this
+# long, on ticks this far apart, died unseen: the sensor reports it failed, which frees
+# its place in the run queue, and launches a successor when work waits. A run still
+# starting has not taken its lock yet, and one ending has let it go a moment before its
+# status follows; neither stays without it this long.
+SESSIONLESS_SECONDS = 30.0
+
+
+def drain_owner(run_id: str) -> str:
+    """The lock owner a Dagster drain claims as, and holds its session lock under."""
+    return f"dagster:{run_id[:8]}"
 
 
 PUBLISHED_ROWS = 50  # generations listed in the PR overview's table; the counts cover all
@@ -148,7 +161,7 @@ def drain_stats(
             f"idle_seconds must be 0 to {MAX_LIFETIME_SECONDS:g} and lifetime_seconds above 0"
             f" and at most {MAX_LIFETIME_SECONDS:g}, got {idle} and {lifetime}"
         )
-    owner = f"dagster:{context.run_id[:8]}"
+    owner = drain_owner(context.run_id)
     with inventory_db.connection() as conn:
 
         def report(summary: DrainSummary) -> None:
@@ -156,6 +169,8 @@ def drain_stats(
             context.log.info("drained: " + ", ".join(f"{v} {k}" for k, v in metadata.items()))
             for user, outcome, reason in summary.failures[:FAILURE_LINES]:
                 context.log.warning(f"user {user}: {outcome}: {reason}")
+            if summary.claim_error:
+                context.log.warning(f"claiming failed: {summary.claim_error}; trying again")
             if not summary.published:
                 return
             status: dict[str, Any] | None = None
@@ -200,35 +215,78 @@ stats_drain = dg.define_asset_job(
     minimum_interval_seconds=5,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Launches a drain, kept alive while work keeps coming, when stats work "
-    "waits and no drain is active.",
+    "waits and no drain is active; reports failed a drain whose worker died unseen.",
 )
 @logged
 def stats_refresh_sensor(
     context: dg.SensorEvaluationContext, inventory_db: InventoryDatabase
 ) -> dg.RunRequest | dg.SkipReason:
+    state = cursor_state(context.cursor, "launches")
     with inventory_db.connection() as conn:
         work = service.work_waiting(conn)
-    if work.paused:
-        return dg.SkipReason(f"the stats worker is paused ({work.waiting} waiting)")
-    if work.claimable == 0:
-        if work.waiting:
-            return dg.SkipReason(f"{work.waiting} waiting; every lease slot is active")
-        return dg.SkipReason("no stats work waiting")
-    active = runs_in_flight(context.instance, stats_drain.name, DRAINS_AT_ONCE)
-    if active >= DRAINS_AT_ONCE:
-        return dg.SkipReason(f"{work.claimable} waiting; {active} drains are already active")
-    if active and work.oldest_wait_seconds <= BEHIND_SECONDS:
+        if work.paused:
+            return dg.SkipReason(f"the stats worker is paused ({work.waiting} waiting)")
+        if work.claimable == 0:
+            if work.waiting:
+                return dg.SkipReason(f"{work.waiting} waiting; every lease slot is active")
+            return dg.SkipReason("no stats work waiting")
+        active = drains_in_flight(context, conn, state)
+    context.update_cursor(json.dumps(state))
+    if len(active) >= DRAINS_AT_ONCE:
+        return dg.SkipReason(f"{work.claimable} waiting; {len(active)} drains are already active")
+    # A drain in flight is behind only once work waited past BEHIND_SECONDS since it
+    # became claimable and the newest drain has had as long to take it.
+    newest = max((record.create_timestamp.timestamp() for record in active), default=0.0)
+    behind = min(work.oldest_wait_seconds, time.time() - newest)
+    if active and behind <= BEHIND_SECONDS:
         return dg.SkipReason(f"{work.claimable} waiting; a drain is already active")
-    launch = int(context.cursor or "0") + 1
-    context.update_cursor(str(launch))
+    state["launches"] += 1
+    context.update_cursor(json.dumps(state))
     if active:
         context.log.info(
-            f"the oldest of {work.claimable} waiting has waited "
-            f"{work.oldest_wait_seconds:.0f} s though a drain is active: launching another"
+            f"the oldest of {work.claimable} waiting has waited {work.oldest_wait_seconds:.0f}"
+            " s though a drain is active: launching another"
         )
     return dg.RunRequest(
-        run_key=f"stats-drain-{launch}", run_config=dg.RunConfig(ops={"drain_stats": KEPT_ALIVE})
+        run_key=f"stats-drain-{state['launches']}",
+        run_config=dg.RunConfig(ops={"drain_stats": KEPT_ALIVE}),
     )
+
+
+def drains_in_flight(
+    context: dg.SensorEvaluationContext, conn: Connection, state: dict[str, Any]
+) -> list[dg.RunRecord]:
+    """The drain runs queued, starting or started whose worker lives. A started run
+    whose database session has been gone for SESSIONLESS_SECONDS (its worker died where
+    Dagster cannot see it) is reported failed and left out; `state["sessionless"]` keeps
+    since when each started run was seen without its session."""
+    records = context.instance.get_run_records(
+        dg.RunsFilter(job_name=stats_drain.name, statuses=IN_FLIGHT), limit=DRAINS_AT_ONCE * 4
+    )
+    started = {
+        record.dagster_run.run_id: record
+        for record in records
+        if record.dagster_run.status == dg.DagsterRunStatus.STARTED
+    }
+    live = service.live_drains(conn, [drain_owner(run_id) for run_id in started])
+    now = time.time()
+    before: dict[str, float] = state.get("sessionless") or {}
+    sessionless = {
+        run_id: float(before.get(run_id, now))
+        for run_id in started
+        if drain_owner(run_id) not in live
+    }
+    dead = {run_id for run_id, since in sessionless.items() if now - since >= SESSIONLESS_SECONDS}
+    for run_id in dead:
+        message = (
+            f"the drain's database session has been gone for {now - sessionless[run_id]:.0f} s:"
+            " its worker died unseen (reported failed by stats_refresh_sensor)"
+        )
+        context.instance.report_run_failed(started[run_id].dagster_run, message)
+        context.log.warning(f"drain run {run_id[:8]}: {message}")
+        del sessionless[run_id]
+    state["sessionless"] = sessionless
+    return [record for record in records if record.dagster_run.run_id not in dead]
 
 
 class ControlAction(enum.Enum):

@@ -2,7 +2,8 @@
 -- before its holder finished is recorded as the database takes the work back: the
 -- work, the holder (a stats run's lock owner; for other leases "token" and the start of
 -- the lease token), when the lease ran out, who took the work, and how it ended:
--- taken (by `taken_by`), requeued (a profile request back to pending), restarted (a
+-- taken (by `taken_by`, which is the holder itself when a worker back from a stall
+-- resumes its own batch run), requeued (a profile request back to pending), restarted (a
 -- stats run retired so that its job starts again under a new run) or failed (a profile
 -- request or a stats job whose lease ran out on its last attempt). Triggers on
 -- the four kinds of lease write it, so no code path can take lapsed work back
@@ -41,17 +42,21 @@ BEGIN
     ELSIF TG_TABLE_NAME = 'user_stats_projection_runs' THEN
         INSERT INTO lapsed_leases (kind, work, holder, lapsed_at, taken_by, outcome)
         SELECT 'stats run', NEW.id || ' for user ' || NEW.user_id, OLD.lock_owner,
-               OLD.lease_until, taken.owner,
-               CASE WHEN taken.owner IS NOT NULL THEN 'taken'
-                    WHEN taken.exhausted THEN 'failed' ELSE 'restarted' END
-        FROM (SELECT CASE WHEN NEW.lock_owner IS DISTINCT FROM OLD.lock_owner
+               OLD.lease_until, CASE WHEN NOT taken.exhausted THEN taken.owner END,
+               CASE WHEN taken.exhausted THEN 'failed'
+                    WHEN taken.owner IS NOT NULL THEN 'taken' ELSE 'restarted' END
+        FROM (SELECT CASE WHEN NEW.phase IN ('claimed', 'computed')
                           THEN NEW.lock_owner END AS owner,
-                     -- Retired: its job starts again, unless that was the job's last
+                     -- Resumed (a batch run, by any owner, its own holder included): its
+                     -- compute fails the job for good once the resume passed the attempt
+                     -- cap. Retired: its job starts again, unless that was the job's last
                      -- attempt (the claim counts one more and fails the job after this).
-                     (SELECT j.attempts + 1 > s.max_attempts
-                      FROM user_exercise_stats_refresh_jobs j
-                      CROSS JOIN stats_projection_worker_settings s
-                      WHERE j.id = NEW.job_id AND s.id = 1) AS exhausted) AS taken;
+                     CASE WHEN NEW.phase IN ('claimed', 'computed')
+                          THEN NEW.attempts > s.max_attempts
+                          ELSE (SELECT j.attempts + 1 > s.max_attempts
+                                FROM user_exercise_stats_refresh_jobs j
+                                WHERE j.id = NEW.job_id) END AS exhausted
+              FROM stats_projection_worker_settings s WHERE s.id = 1) AS taken;
     ELSIF TG_TABLE_NAME = 'media_server_items' THEN
         INSERT INTO lapsed_leases (kind, work, holder, lapsed_at, taken_by, outcome)
         VALUES ('observation', 'of item ' || NEW.id,
@@ -77,12 +82,14 @@ CREATE TRIGGER profile_refresh_requests_lapsed_lease
                        AND NEW.lease_token IS NULL AND NEW.last_error = 'lease_expired')
     EXECUTE FUNCTION record_lapsed_lease();
 -- A claimed or computed run whose lease ran out (not one waiting out a retry, which
--- keeps its claim) taken by another owner, or retired so that its job starts again.
+-- keeps its claim) taken back under a new lease (a batch run resumed, by another owner or
+-- by its own, back from a stall: only the claim moves a lapsed lease's end), or retired
+-- so that its job starts again.
 CREATE TRIGGER user_stats_projection_runs_lapsed_lease
-    AFTER UPDATE OF lock_owner, phase ON user_stats_projection_runs
+    AFTER UPDATE OF lease_until, phase ON user_stats_projection_runs
     FOR EACH ROW WHEN (OLD.phase IN ('claimed', 'computed') AND OLD.retry_not_before IS NULL
                        AND OLD.lease_until <= now()
-                       AND (NEW.lock_owner IS DISTINCT FROM OLD.lock_owner
+                       AND (NEW.lease_until > OLD.lease_until
                             OR (NEW.phase = 'failed' AND NEW.error = 'lease expired')))
     EXECUTE FUNCTION record_lapsed_lease();
 CREATE TRIGGER media_server_items_lapsed_lease

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import date, datetime
+from decimal import Decimal
 from typing import Any, Literal
 from uuid import UUID
 
@@ -11,9 +12,6 @@ from uuid import UUID
 ComputeStatus = Literal["computed", "batch_pending", "retry_pending", "failed", "lost"]
 BATCH_SIZE = 100  # the measured candidate boundary, not an unlimited safety guarantee
 TRANSACTION_BOUNDARY = "transaction_boundary_required"
-# The reason a stage gives when its statement budget ran out (a failed attempt with
-# backoff): what the scoped processor reports as worker_timed_out.
-BUDGET_SPENT = "statement budget spent (57014)"
 
 
 @dataclass(frozen=True)
@@ -43,6 +41,7 @@ class StatsClaim:
     base_applied_version: int
     from_date: date | None
     exercise_ids: tuple[str, ...] | None
+    lock_owner: str  # the worker that claimed it: only it may give the run back
 
 
 @dataclass(frozen=True)
@@ -63,6 +62,20 @@ class ComputeResult:
     total_exercises: int | None = None
     reason: str | None = None
     retry_not_before: datetime | None = None
+    # A transient error (a timeout, a cancel, a lock timeout, a deadlock) ended the call
+    # and the run was given back: the status says how it stands now.
+    interrupted: bool = False
+
+
+@dataclass(frozen=True)
+class GivenBack:
+    """How a run stands once its worker gave it back after a transient error ended a
+    stage call (`stats_give_back_run`): backing off (or due at once), failed for good
+    (attempts spent, its range owed), or lost (the lease was no longer its worker's)."""
+
+    status: Literal["retry_pending", "failed", "lost"]
+    reason: str
+    retry_not_before: datetime | None
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,7 @@ class PublishResult:
     applied_version: int | None = None
     reason: str | None = None
     retry_not_before: datetime | None = None
+    interrupted: bool = False  # as ComputeResult's
 
 
 @dataclass(frozen=True)
@@ -87,13 +101,19 @@ class ProcessResult:
     batches: int
     publication: PublishResult | None = None
     reason: str | None = None  # why the compute stage failed, when it did
+    interrupted: bool = False  # the compute stage's call ended by a transient error
 
     @property
-    def outcome(self) -> Literal["published", "rejected", "deferred", "failed", "lost"]:
+    def outcome(
+        self,
+    ) -> Literal["published", "rejected", "deferred", "failed", "lost", "interrupted"]:
         """Published, rejected into a successor, deferred (a retry time or a pending
-        batch: the work resumes later), failed (attempts spent, the range owed) or lost
-        (no live lease: the claim's recovery takes the run back)."""
+        batch: the work resumes later), failed (attempts spent, the range owed), lost
+        (no live lease: the claim's recovery takes the run back) or interrupted (a
+        transient error ended a stage call and the run was given back)."""
         publication = self.publication
+        if self.interrupted or (publication is not None and publication.interrupted):
+            return "interrupted"
         if publication is not None:
             if publication.status == "retry_pending":
                 return "deferred"
@@ -137,8 +157,9 @@ class WorkWaiting:
 class DrainSummary:
     """What a drain did: the generations it published, and how many claims ended
     otherwise (deferred to a retry time or a later batch, rejected into a successor,
-    failed with their range owed, lost to the claim's recovery, or interrupted by a
-    database error that left the run to its lease)."""
+    failed with their range owed, lost to the claim's recovery, or interrupted: a
+    timeout, a cancel, a lock timeout or a deadlock ended a stage call and the run was
+    given back)."""
 
     published: tuple[tuple[UUID, int, int], ...]  # user, generation, batches
     deferred: int = 0
@@ -146,9 +167,17 @@ class DrainSummary:
     failed: int = 0
     lost: int = 0
     interrupted: int = 0
-    # user, outcome, reason: each claim that failed, was rejected, or was deferred by a
-    # failed attempt, with the reason its stage gave
+    # user, outcome, reason: each claim that failed, was rejected, was interrupted, or
+    # was deferred by a failed attempt, with the reason its stage gave
     failures: tuple[tuple[UUID, str, str], ...] = ()
+    # Why a pass ended without an answer from the claim: its claims kept failing
+    # (CLAIM_TRIES transient errors in a row), which is not "nothing to claim".
+    claim_error: str | None = None
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to report: no claim ended, and no claim failed."""
+        return not self.rounds and self.claim_error is None
 
     @property
     def rounds(self) -> int:
@@ -170,6 +199,7 @@ class DrainSummary:
             self.lost + other.lost,
             self.interrupted + other.interrupted,
             self.failures + other.failures,
+            other.claim_error or self.claim_error,
         )
 
     def as_metadata(self) -> dict[str, Any]:
@@ -192,3 +222,26 @@ class RetryOutcome:
 
     job_id: int
     successor_id: int
+
+
+@dataclass(frozen=True)
+class PrExercise:
+    """One exercise of a PR overview (kilograms, two decimals; None where no set counts)."""
+
+    exercise_id: str
+    best_e1rm_all_time: Decimal | None
+    best_e1rm_30d: Decimal | None
+    best_e1rm_30d_prior_year: Decimal | None
+    heaviest_kg: Decimal | None
+
+
+@dataclass(frozen=True)
+class PrOverview:
+    """A user's PR overview for one date: the applied generation's window. `stale` is
+    true while a newer generation is requested or a range of the user's is owed, so the
+    caller can say the figures are catching up, even when `exercises` is empty."""
+
+    as_of: date
+    generation: int
+    stale: bool
+    exercises: tuple[PrExercise, ...]

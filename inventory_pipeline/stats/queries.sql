@@ -4,13 +4,11 @@
 -- changes that produced them).
 
 -- name: arm_stage
--- Sent with every stage call, in the same transaction and round trip, before it: the
--- stage's statement budget from the settings row (armed when the call starts) and the
--- instant it was armed (the budget's start, see stats_budget_spent), the lease token the
--- call acts under ('' declares none; the fence checks it), and whether its commit may
--- return before its WAL is flushed.
+-- Sent with every stage call, in the same transaction, before it: the stage's statement
+-- budget from the settings row (it bounds each statement that follows in the
+-- transaction), the lease token the call acts under ('' declares none; the fence checks
+-- it), and whether its commit may return before its WAL is flushed.
 SELECT stats_projection_statement_budget(%(stage)s) AS budget_ms,
-       set_config('inventory.stats_armed_at', clock_timestamp()::text, true) AS armed_at,
        set_config('inventory.stats_lease_token', %(lease_token)s, true) AS lease_token,
        CASE WHEN %(async_commit)s::boolean
             THEN set_config('synchronous_commit', 'off', true) END AS async_commit;
@@ -40,10 +38,31 @@ FROM stats_compute_stage(%(run_id)s::bigint, %(lease_token)s::uuid, %(batch_size
 SELECT publish_status, publish_applied_version, publish_reason, publish_retry_not_before
 FROM stats_publish_stage(%(run_id)s::bigint, %(lease_token)s::uuid);
 
+-- name: give_back_run
+-- A stage call a transient error rolled back whole: the run given back at once by the
+-- worker still holding its lease (a failed attempt, or due again at once), or nothing
+-- done when the lease is no longer its own.
+SELECT give_back_status, give_back_reason, give_back_retry_not_before
+FROM stats_give_back_run(%(run_id)s::bigint, %(lease_token)s::uuid, %(lock_owner)s::text,
+                         %(stage)s::text, %(sqlstate)s::text, %(budget_spent)s::boolean);
+
 -- name: lock_job
-SELECT id, user_id, status, metadata ->> 'retried_by' AS retried_by
-FROM user_exercise_stats_refresh_jobs WHERE id = %(job_id)s
-FOR UPDATE;
+-- A job as the runbook's retry judges it: whether its range is still owed, and else the
+-- latest job of its user that took it in, and how that one stands.
+SELECT j.id, j.user_id, j.status, j.metadata ->> 'retried_by' AS retried_by,
+       EXISTS (SELECT 1 FROM user_stats_owed_ranges o
+               WHERE o.user_id = j.user_id AND j.id = ANY (o.failed_job_ids)) AS owed,
+       taker.id AS taken_in_by, taker.status AS taker_status
+FROM user_exercise_stats_refresh_jobs j
+LEFT JOIN LATERAL (
+    SELECT a.id, a.status FROM user_exercise_stats_refresh_jobs a
+    WHERE a.user_id = j.user_id AND a.id > j.id
+      AND a.metadata -> 'absorbed_failed_jobs' @> to_jsonb(j.id)
+    ORDER BY a.id DESC
+    LIMIT 1
+) AS taker ON true
+WHERE j.id = %(job_id)s
+FOR UPDATE OF j;
 
 -- name: retry_job
 -- The runbook's retry of an exhausted job: its range again, as a new generation through
@@ -86,6 +105,13 @@ RETURNING claim_budget_ms, compute_budget_ms, publish_budget_ms, lease_seconds,
 SELECT count(DISTINCT user_id) AS users FROM user_exercise_stats_refresh_jobs
 WHERE status IN ('pending', 'processing')
   AND (%(user_id)s::uuid IS NULL OR user_id = %(user_id)s::uuid);
+
+-- name: waits_for_retry
+-- Does the user's run wait out a retry time (the claim resumes it then)?
+SELECT EXISTS (
+    SELECT 1 FROM user_stats_projection_runs r
+    WHERE r.user_id = %(user_id)s AND r.phase IN ('claimed', 'computed')
+      AND r.retry_not_before > now()) AS waits;
 
 -- name: worker_status
 SELECT stats_projection_worker_status() AS status;
@@ -156,13 +182,36 @@ SELECT id, requested FROM stats_rebuild_passes
 WHERE finished_at IS NULL AND updated_at <= now() - make_interval(secs => %(idle_seconds)s)
 ORDER BY id;
 
+-- name: hold_drain_lock
+-- A kept-alive drain's mark of life: a session lock, held until its connection closes.
+SELECT pg_try_advisory_lock(stats_drain_lock(%(owner)s)) AS held;
+
+-- name: live_drains
+-- Of these drain owners, those whose drain's session lives: it holds its lock (a
+-- session-level advisory lock on a bigint key shows in pg_locks as the key's high and
+-- low 32 bits).
+SELECT o.owner
+FROM unnest(%(owners)s::text[]) AS o (owner)
+WHERE EXISTS (
+    SELECT 1 FROM pg_locks l
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+      AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+      AND l.classid = ((stats_drain_lock(o.owner) >> 32) & 4294967295)::oid
+      AND l.objid = (stats_drain_lock(o.owner) & 4294967295)::oid);
+
 -- name: waiting_work
 -- The drain policy's one definition of work waiting, for the sensor and the drain
 -- alike: what a claim could take now (pending jobs of users with no live job, runs due
--- to resume, dead workers' runs), how long the oldest of it has waited (since the job
--- was enqueued, or the run became due), the lease slots free, and the pause switch.
+-- to resume, dead workers' runs), how long the oldest of it has waited since it became
+-- claimable (a job since it was enqueued or, for a successor, since the job before it
+-- ended; a run since it became due), the lease slots free, and the pause switch.
 WITH jobs AS (
-    SELECT j.created_at AS since FROM user_exercise_stats_refresh_jobs j
+    SELECT greatest(j.created_at, (
+               SELECT p.completed_at FROM user_exercise_stats_refresh_jobs p
+               WHERE p.user_id = j.user_id AND p.id < j.id
+               ORDER BY p.id DESC
+               LIMIT 1)) AS since
+    FROM user_exercise_stats_refresh_jobs j
     WHERE j.status = 'pending'
       AND NOT EXISTS (
           SELECT 1 FROM user_exercise_stats_refresh_jobs p
@@ -428,6 +477,10 @@ WITH doomed AS (
 DELETE FROM exercise_catalog_changes c USING doomed WHERE c.seq = doomed.seq;
 
 -- name: read_pr_overview
-SELECT exercise_id, best_e1rm_all_time, best_e1rm_30d, best_e1rm_30d_prior_year, heaviest_kg,
-       stale
-FROM get_pr_overview(%(user_id)s, %(as_of)s);
+-- The header and the rows in one statement (one snapshot): a header without rows is a
+-- window that holds no exercise, and still says whether it is stale.
+SELECT h.generation, h.as_of_date, h.stale, o.exercise_id, o.best_e1rm_all_time,
+       o.best_e1rm_30d, o.best_e1rm_30d_prior_year, o.heaviest_kg
+FROM get_pr_overview_status(%(user_id)s, %(as_of)s) AS h
+LEFT JOIN LATERAL get_pr_overview(%(user_id)s, %(as_of)s) AS o ON true
+ORDER BY o.exercise_id;

@@ -22,6 +22,9 @@ from inventory_pipeline.db.queries import load_queries
 from inventory_pipeline.stats.models import (
     ComputeResult,
     ExhaustedJob,
+    GivenBack,
+    PrExercise,
+    PrOverview,
     PublishResult,
     StatsClaim,
     WorkerSettings,
@@ -30,8 +33,10 @@ from inventory_pipeline.stats.models import (
 
 QUERIES = load_queries("inventory_pipeline.stats")
 
-# The settings row's columns, named as the settings type names them.
+# The settings row's columns, named as the settings type names them; likewise a PR
+# overview row's.
 _SETTINGS = tuple(f.name for f in fields(WorkerSettings))
+_PR_EXERCISE = tuple(f.name for f in fields(PrExercise))
 
 
 def _one(conn: Connection, name: str, params: dict[str, Any] | None = None) -> Row:
@@ -127,6 +132,7 @@ def claim_stage(
         exercise_ids=None
         if row["claim_exercise_ids"] is None
         else tuple(row["claim_exercise_ids"]),
+        lock_owner=lock_owner,
     )
 
 
@@ -156,6 +162,24 @@ def publish_stage(conn: Connection, claim: StatsClaim) -> PublishResult:
     )
 
 
+def give_back_run(
+    conn: Connection, claim: StatsClaim, stage: str, sqlstate: str, budget_spent: bool
+) -> GivenBack:
+    params = {
+        "run_id": claim.run_id,
+        "lease_token": claim.lease_token,
+        "lock_owner": claim.lock_owner,
+        "stage": stage,
+        "sqlstate": sqlstate,
+        "budget_spent": budget_spent,
+    }
+    # Armed as a claim: its budget bounds the give-back's own waits.
+    row = _answer(_stage(conn, "claim", claim.lease_token, "give_back_run", params), "give back")
+    return GivenBack(
+        row["give_back_status"], row["give_back_reason"], row["give_back_retry_not_before"]
+    )
+
+
 def publish_pr_window(conn: Connection, user_id: UUID, generation: int) -> None:
     """The PR overview window of this generation, and the rollover it is due for, as
     the publish stage builds them (for a caller that loads generations without
@@ -173,6 +197,10 @@ def remaining_users(conn: Connection, user_id: UUID | None = None) -> int:
     return int(_one(conn, "remaining_users", {"user_id": user_id})["users"])
 
 
+def waits_for_retry(conn: Connection, user_id: UUID) -> bool:
+    return bool(_one(conn, "waits_for_retry", {"user_id": user_id})["waits"])
+
+
 # The channel the database notifies when stats work may have become claimable (the
 # triggers calling stats_notify_work).
 WORK_CHANNEL = "stats_work"
@@ -186,6 +214,15 @@ def wait_for_work(conn: Connection, timeout: float) -> bool:
     """Wait up to `timeout` seconds for a statement that may have made work claimable;
     True when one committed (or did since the last wait)."""
     return wait_for_notify(conn, timeout)
+
+
+def hold_drain_lock(conn: Connection, owner: str) -> None:
+    _one(conn, "hold_drain_lock", {"owner": owner})
+
+
+def live_drains(conn: Connection, owners: list[str]) -> frozenset[str]:
+    rows = fetch_all(conn, QUERIES["live_drains"], {"owners": owners})
+    return frozenset(row["owner"] for row in rows)
 
 
 def waiting_work(conn: Connection) -> WorkWaiting:
@@ -208,6 +245,9 @@ class JobState:
     user_id: UUID
     status: str
     retried_by: int | None
+    owed: bool  # its range is still owed (a failed job no later job took in)
+    taken_in_by: int | None  # the latest job of its user that took its range in
+    taker_status: str | None
 
 
 def lock_job(conn: Connection, job_id: int) -> JobState | None:
@@ -216,7 +256,13 @@ def lock_job(conn: Connection, job_id: int) -> JobState | None:
         return None
     retried = row["retried_by"]
     return JobState(
-        row["id"], row["user_id"], row["status"], None if retried is None else int(retried)
+        row["id"],
+        row["user_id"],
+        row["status"],
+        None if retried is None else int(retried),
+        bool(row["owed"]),
+        row["taken_in_by"],
+        row["taker_status"],
     )
 
 
@@ -225,8 +271,15 @@ def retry_job(conn: Connection, job_id: int) -> int:
     return int(_one(conn, "retry_job", {"job_id": job_id})["successor_id"])
 
 
-def read_pr_overview(conn: Connection, user_id: UUID, as_of: Any) -> list[dict[str, Any]]:
-    return fetch_all(conn, QUERIES["read_pr_overview"], {"user_id": user_id, "as_of": as_of})
+def read_pr_overview(conn: Connection, user_id: UUID, as_of: Any) -> PrOverview:
+    rows = fetch_all(conn, QUERIES["read_pr_overview"], {"user_id": user_id, "as_of": as_of})
+    header = rows[0]  # the status function fails closed rather than return no row
+    exercises = tuple(
+        PrExercise(**{name: row[name] for name in _PR_EXERCISE})
+        for row in rows
+        if row["exercise_id"] is not None
+    )
+    return PrOverview(header["as_of_date"], header["generation"], header["stale"], exercises)
 
 
 # -- maintenance: untyped runners still used by maintenance.py -----------------------

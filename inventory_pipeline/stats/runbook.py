@@ -82,8 +82,10 @@ def resume(conn: Connection) -> WorkerSettings:
 
 def retry(conn: Connection, job_id: int) -> RetryOutcome:
     """Retry an exhausted (failed) job: its range goes through the queue again as a new
-    generation. Refused for an unknown job, a job that did not fail, or one already
-    retried."""
+    generation. Refused for an unknown job, a job that did not fail, one already
+    retried, and one whose range is no longer owed: a later job of its user took it in
+    (published, in progress, or failed in turn: then that job is the one to retry), and
+    a retry would only make the user stale again."""
     with transaction(conn):
         job = repo.lock_job(conn, job_id)
         if job is None:
@@ -92,6 +94,13 @@ def retry(conn: Connection, job_id: int) -> RetryOutcome:
             raise RunbookError(f"job {job_id} is {job.status}, not an exhausted failure")
         if job.retried_by is not None:
             raise RunbookError(f"job {job_id} was already retried as job {job.retried_by}")
+        if not job.owed:
+            taker = (
+                f"job {job.taken_in_by} took it in and is {job.taker_status}"
+                if job.taken_in_by is not None
+                else "a later job of its user took it in"
+            )
+            raise RunbookError(f"job {job_id}'s range is no longer owed: {taker}")
         return RetryOutcome(job_id, repo.retry_job(conn, job_id))
 
 

@@ -68,7 +68,8 @@ CREATE TABLE user_manual_pr_records (
 CREATE INDEX user_manual_pr_records_user ON user_manual_pr_records USING btree (user_id, exercise_id);
 CREATE INDEX user_manual_pr_records_user_day ON user_manual_pr_records USING btree (user_id, recorded_on);
 
--- The durable mutation receipt of every write.
+-- The durable mutation receipt of every write: a session's or a manual PR's save or
+-- delete names its subject; an explicit refresh request changes no fact and names none.
 CREATE TABLE stats_mutation_receipts (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
     user_id uuid NOT NULL,
@@ -78,8 +79,8 @@ CREATE TABLE stats_mutation_receipts (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     manual_pr_record_id bigint,
     CONSTRAINT stats_mutation_receipts_pkey PRIMARY KEY (id),
-    CONSTRAINT stats_mutation_receipts_one_subject CHECK ((num_nonnulls(session_id, manual_pr_record_id) = 1)),
-    CONSTRAINT stats_mutation_receipts_operation_check CHECK ((operation = ANY (ARRAY['save'::text, 'delete'::text])))
+    CONSTRAINT stats_mutation_receipts_one_subject CHECK ((num_nonnulls(session_id, manual_pr_record_id) = CASE WHEN (operation = 'refresh'::text) THEN 0 ELSE 1 END)),
+    CONSTRAINT stats_mutation_receipts_operation_check CHECK ((operation = ANY (ARRAY['save'::text, 'delete'::text, 'refresh'::text])))
 );
 
 CREATE TABLE stats_refresh_event_types (
@@ -642,6 +643,7 @@ AS $function$
 DECLARE
     v_version bigint;
     v_job bigint;
+    v_receipt bigint;
 BEGIN
     PERFORM stats_check_owner(p_user_id, p_user_id);
     IF p_from_date IS NOT NULL THEN
@@ -651,7 +653,11 @@ BEGIN
     v_job := enqueue_user_exercise_stats_refresh_job(
         p_user_id, 'manual_refresh', p_from_date, coalesce(p_exercise_ids, '{}'),
         coalesce(p_reason, 'manual refresh'), NULL, v_version);
-    RETURN jsonb_build_object('job_id', v_job, 'requested_version', v_version);
+    INSERT INTO stats_mutation_receipts (user_id, operation, requested_version)
+    VALUES (p_user_id, 'refresh', v_version)
+    RETURNING id INTO v_receipt;
+    RETURN jsonb_build_object('job_id', v_job, 'requested_version', v_version,
+                              'receipt_id', v_receipt);
 END
 $function$;
 
@@ -687,9 +693,14 @@ AS $function$
         'backing_off', (SELECT count(*) FROM user_stats_projection_runs
                         WHERE phase IN ('claimed', 'computed')
                           AND retry_not_before IS NOT NULL),
-        'attempt_exhausted_failures', (SELECT count(*) FROM user_exercise_stats_refresh_jobs
-                                       WHERE status = 'failed'
-                                         AND NOT metadata ? 'retried_by'),
+        -- What still needs an operator: failed jobs whose range is still owed (no later
+        -- job of the user took it in) and that nobody retried.
+        'attempt_exhausted_failures', (SELECT count(*)
+                                       FROM user_stats_owed_ranges o
+                                       CROSS JOIN unnest(o.failed_job_ids) AS f (job_id)
+                                       JOIN user_exercise_stats_refresh_jobs j
+                                         ON j.id = f.job_id
+                                       WHERE NOT j.metadata ? 'retried_by'),
         'owed_users', (SELECT count(*) FROM user_stats_owed_ranges),
         'oldest_owed_seconds', (SELECT extract(epoch FROM now() - min(owed_since))
                                 FROM user_stats_owed_ranges),
@@ -932,6 +943,37 @@ AS $function$
         OR EXISTS (SELECT 1 FROM user_stats_owed_ranges WHERE user_id = p_user_id)
 $function$;
 
+-- The PR overview's header for one date: the applied generation whose window serves it,
+-- whether the user's stats are stale (a newer generation requested, or a range owed),
+-- and how many exercises the window holds. It says stale even when the window holds no
+-- exercise, where no row of get_pr_overview could. Fails closed with 55000 unless the
+-- applied generation has a window for exactly that date: no other date's window, and no
+-- computing at read time.
+CREATE FUNCTION get_pr_overview_status(p_user_id uuid, p_as_of date)
+ RETURNS TABLE(generation bigint, as_of_date date, stale boolean, exercise_count integer)
+ LANGUAGE plpgsql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'public', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+BEGIN
+    PERFORM stats_check_owner(p_user_id, p_user_id);
+    RETURN QUERY
+    SELECT h.generation, h.as_of_date, stats_user_is_stale(p_user_id), h.exercise_count
+    FROM user_stats_refresh_state st
+    JOIN user_pr_overview_snapshot_headers h
+      ON h.user_id = st.user_id AND h.generation = st.applied_version AND h.as_of_date = p_as_of
+    WHERE st.user_id = p_user_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no PR overview snapshot for % in the applied generation', p_as_of
+            USING ERRCODE = '55000';
+    END IF;
+END
+$function$;
+
+-- The PR overview for one date: one row per exercise of the applied generation's window,
+-- each saying whether the stats are stale (get_pr_overview_status, which it reads first,
+-- fails closed and says it for a window without rows).
 CREATE FUNCTION get_pr_overview(p_user_id uuid, p_as_of date)
  RETURNS TABLE(exercise_id text, best_e1rm_all_time numeric, best_e1rm_30d numeric, best_e1rm_30d_prior_year numeric, heaviest_kg numeric, stale boolean)
  LANGUAGE plpgsql
@@ -939,25 +981,15 @@ CREATE FUNCTION get_pr_overview(p_user_id uuid, p_as_of date)
  SET search_path TO 'public', 'pg_temp'
 AS $function$
 DECLARE
-    v_generation bigint;
-    v_stale boolean;
+    v_header record;
 BEGIN
-    PERFORM stats_check_owner(p_user_id, p_user_id);
-    SELECT applied_version INTO v_generation
-    FROM user_stats_refresh_state WHERE user_id = p_user_id;
-    IF v_generation IS NULL OR NOT EXISTS (
-        SELECT 1 FROM user_pr_overview_snapshot_headers h
-        WHERE h.user_id = p_user_id AND h.generation = v_generation AND h.as_of_date = p_as_of
-    ) THEN
-        RAISE EXCEPTION 'no PR overview snapshot for % in the applied generation', p_as_of
-            USING ERRCODE = '55000';
-    END IF;
-    v_stale := stats_user_is_stale(p_user_id);
+    SELECT o.generation, o.stale INTO v_header FROM get_pr_overview_status(p_user_id, p_as_of) o;
     RETURN QUERY
     SELECT s.exercise_id, s.best_e1rm_all_time, s.best_e1rm_30d, s.best_e1rm_30d_prior_year,
-           s.heaviest_kg, v_stale
+           s.heaviest_kg, v_header.stale
     FROM user_pr_exercise_summary_snapshots s
-    WHERE s.user_id = p_user_id AND s.generation = v_generation AND s.as_of_date = p_as_of
+    WHERE s.user_id = p_user_id AND s.generation = v_header.generation
+      AND s.as_of_date = p_as_of
     ORDER BY s.exercise_id;
 END
 $function$;
@@ -987,7 +1019,6 @@ DECLARE
     v_offset integer;
     v_applied bigint;
     v_periods bigint := 0;
-    v_kept jsonb;
 BEGIN
     SELECT s.lease_seconds, s.max_attempts INTO st
     FROM stats_projection_worker_settings s WHERE s.id = 1;
@@ -1029,9 +1060,11 @@ BEGIN
         RETURN;
     END IF;
 
-    -- The step, under a savepoint: its statement budget running out, or a value it
-    -- cannot compute, rolls back this step only and is a failed attempt that keeps what
-    -- earlier steps committed (the run row stays locked by this stage throughout).
+    -- The step, under a savepoint: a value it cannot compute (a data exception, a
+    -- resource or program limit) rolls back this step only and is a failed attempt that
+    -- keeps what earlier steps committed (the run row stays locked by this stage
+    -- throughout). A timeout, a cancel, a lock timeout or a deadlock ends the whole call
+    -- instead, and its worker gives the run back (stats_give_back_run).
     BEGIN
         IF NOT stats_renew_lease(p_run_id, st.lease_seconds) THEN
             compute_status := 'lost';
@@ -1172,23 +1205,12 @@ BEGIN
             GET DIAGNOSTICS v_periods = ROW_COUNT;
         END IF;
     EXCEPTION
-        WHEN query_canceled OR data_exception OR insufficient_resources
-             OR program_limit_exceeded THEN
-            IF SQLSTATE = '57014' AND NOT stats_budget_spent('compute') THEN
-                RAISE;  -- a client's or operator's cancel is theirs to handle
-            END IF;
-            -- The payload as the step found it (its writes are undone), a batch run's
-            -- retries counted in its cursor.
-            v_kept := CASE WHEN run.payload ? '_batch'
-                           THEN jsonb_set(run.payload, '{_batch,retry_count}', to_jsonb(
-                               (run.payload #>> '{_batch,retry_count}')::integer + 1))
-                           ELSE run.payload END;
-            compute_reason := CASE WHEN SQLSTATE = '57014'
-                                   THEN 'statement budget spent (57014)'
-                                   ELSE format('compute failed (%s): %s', SQLSTATE,
-                                               split_part(SQLERRM, E'\n', 1)) END;
-            compute_retry_not_before := stats_fail_attempt(p_run_id, compute_reason, v_kept,
-                                                           SQLSTATE);
+        WHEN data_exception OR insufficient_resources OR program_limit_exceeded THEN
+            -- The payload as the step found it (its writes are undone).
+            compute_reason := format('compute failed (%s): %s', SQLSTATE,
+                                     split_part(SQLERRM, E'\n', 1));
+            compute_retry_not_before := stats_fail_attempt(p_run_id, compute_reason,
+                                                           run.payload, SQLSTATE);
             compute_status := CASE WHEN compute_retry_not_before IS NULL THEN 'failed'
                                    ELSE 'retry_pending' END;
             compute_stage := NULL;
@@ -1261,6 +1283,17 @@ CREATE FUNCTION stats_user_lock(p_user_id uuid)
  IMMUTABLE
 AS $function$ SELECT hashtextextended('stats_user:' || p_user_id::text, 0) $function$;
 
+-- The session lock a kept-alive drain holds while it lives, taken in its own connection
+-- (pg_try_advisory_lock): the database tells a live drain from one whose worker died
+-- unseen, which Dagster's run state cannot (such a run stays STARTED until its maximum
+-- runtime). The server ends a dead host's session, and the lock with it, within the
+-- connection bounds (docs/deployment.md#failure-guarantees).
+CREATE FUNCTION stats_drain_lock(p_owner text)
+ RETURNS bigint
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$ SELECT hashtextextended('stats_drain:' || p_owner, 0) $function$;
+
 -- Renew a live lease at a stage boundary: the lease's slot row is locked first (to the
 -- commit: no claim can take it meanwhile), then the run's lease end moves (and the
 -- slot's with it, by trigger). False when the slot is no longer this run's (its lease
@@ -1284,33 +1317,11 @@ BEGIN
 END
 $function$;
 
--- Did this stage call run out of its statement budget? A statement timeout and a
--- client's or operator's cancel share SQLSTATE 57014; the timeout fires when the call
--- has run for its budget, so a cancel that came earlier was not it. The time is measured
--- from when arm_stage armed the budget (inventory.stats_armed_at), which is before the
--- server starts the stage's statement timer (at its Bind message): statement_timestamp()
--- is taken again at Execute, so a timeout that fired on time could read as an early
--- cancel. A call made by hand, never armed, is measured from its statement's start.
-CREATE FUNCTION stats_budget_spent(p_stage text)
- RETURNS boolean
- LANGUAGE sql
-AS $function$
-    SELECT clock_timestamp()
-           - coalesce(nullif(current_setting('inventory.stats_armed_at', true), '')::timestamptz,
-                      statement_timestamp())
-           >= make_interval(secs => CASE p_stage
-                                        WHEN 'claim' THEN st.claim_budget_ms
-                                        WHEN 'compute' THEN st.compute_budget_ms
-                                        WHEN 'publish' THEN st.publish_budget_ms
-                                    END / 1000.0)
-    FROM stats_projection_worker_settings st WHERE st.id = 1
-$function$;
-
 -- A failed attempt of a run: attempt n waits n x retry_backoff_seconds with `p_payload`
--- kept (its cursor, or its computed output); past max_attempts the run and its job fail,
--- the run's private output goes, and the job's range is owed (trigger). `p_sqlstate`
--- is the database error's code when one caused the failure. Returns the retry time
--- (NULL: failed for good).
+-- kept (its cursor, with the batch retries counted, or its computed output); past
+-- max_attempts the run and its job fail, the run's private output goes, and the job's
+-- range is owed (trigger). `p_sqlstate` is the database error's code when one caused
+-- the failure. Returns the retry time (NULL: failed for good).
 CREATE FUNCTION stats_fail_attempt(p_run_id bigint, p_error text, p_payload jsonb, p_sqlstate text DEFAULT NULL::text)
  RETURNS timestamp with time zone
  LANGUAGE plpgsql
@@ -1319,9 +1330,10 @@ DECLARE
     run record;
     v_retry timestamptz;
 BEGIN
-    -- After a statement timeout fired, nothing bounds this transaction's statements:
-    -- its writes wait for a lock one second at most (then the stage call fails whole).
-    PERFORM set_config('lock_timeout', '1s', true);
+    IF p_payload ? '_batch' THEN
+        p_payload := jsonb_set(p_payload, '{_batch,retry_count}',
+                               to_jsonb((p_payload #>> '{_batch,retry_count}')::integer + 1));
+    END IF;
     SELECT r.job_id, r.attempts, st.max_attempts, st.retry_backoff_seconds INTO run
     FROM user_stats_projection_runs r
     JOIN stats_projection_worker_settings st ON st.id = 1
@@ -1345,6 +1357,65 @@ BEGIN
         error = p_error, error_sqlstate = p_sqlstate
     WHERE r.id = p_run_id;
     RETURN v_retry;
+END
+$function$;
+
+-- A stage call that a statement timeout, a cancel, a lock timeout, a deadlock or a
+-- serialization failure ended was rolled back whole: its run is as the call found it,
+-- claimed under a live lease and holding its slot, with nobody at work on it. Its worker
+-- gives it back at once, in a transaction of its own, so the slot is free and the next
+-- claim can take the run: a statement timeout, a cancel or a lock timeout (57014, 55P03)
+-- is a failed attempt (stats_fail_attempt: the backoff, the cursor or the computed
+-- output kept; past max_attempts the job fails and its range is owed); a deadlock or a
+-- serialization failure (40P01, 40001) leaves the run due again at once, no attempt
+-- counted (the same call may succeed now). The reason and SQLSTATE are recorded either
+-- way. Only the worker still holding the lease gives the run back: under its token and
+-- lock owner, not waiting out a retry, its slot live and not being taken; otherwise the
+-- answer is lost (the claim's recovery owns the run) and nothing is written.
+CREATE FUNCTION stats_give_back_run(p_run_id bigint, p_lease_token uuid, p_lock_owner text, p_stage text, p_sqlstate text, p_budget_spent boolean)
+ RETURNS TABLE(give_back_status text, give_back_reason text, give_back_retry_not_before timestamp with time zone)
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_payload jsonb;
+    v_held boolean := false;
+BEGIN
+    give_back_reason := format('%s: %s (%s)', p_stage,
+                               CASE WHEN p_sqlstate = '57014' AND p_budget_spent
+                                    THEN 'statement budget spent'
+                                    WHEN p_sqlstate = '57014' THEN 'canceled'
+                                    WHEN p_sqlstate = '55P03' THEN 'lock wait timed out'
+                                    WHEN p_sqlstate = '40P01' THEN 'deadlock'
+                                    WHEN p_sqlstate = '40001' THEN 'serialization failure'
+                                    ELSE 'interrupted' END,
+                               p_sqlstate);
+    SELECT r.payload INTO v_payload
+    FROM user_stats_projection_runs r
+    WHERE r.id = p_run_id AND r.lease_token = p_lease_token AND r.lock_owner = p_lock_owner
+      AND r.phase IN ('claimed', 'computed') AND r.retry_not_before IS NULL
+    FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        PERFORM 1 FROM stats_lease_slots l
+        WHERE l.run_id = p_run_id AND l.lease_until > now()
+        FOR UPDATE SKIP LOCKED;
+        v_held := FOUND;
+    END IF;
+    IF NOT v_held THEN
+        give_back_status := 'lost';
+    ELSIF p_sqlstate IN ('40P01', '40001') THEN
+        UPDATE user_stats_projection_runs r
+        SET retry_not_before = now(), error = give_back_reason, error_sqlstate = p_sqlstate
+        WHERE r.id = p_run_id;
+        give_back_status := 'retry_pending';
+        give_back_retry_not_before := now();
+    ELSE
+        give_back_retry_not_before := stats_fail_attempt(p_run_id, give_back_reason,
+                                                         v_payload, p_sqlstate);
+        give_back_status := CASE WHEN give_back_retry_not_before IS NULL THEN 'failed'
+                                 ELSE 'retry_pending' END;
+    END IF;
+    RETURN NEXT;
 END
 $function$;
 
@@ -1590,6 +1661,12 @@ BEGIN
 END
 $function$;
 
+-- The third committed stage: under a live lease, the user's lock and state row, the
+-- public projections replaced and applied_version advanced with the PR overview window,
+-- or the run rejected into a successor (an older generation, a moved base, a deleted
+-- referenced row), or a failed attempt (a value it cannot publish). A wait that runs out
+-- (for the user's lock or state row, held by a save in progress), a cancel or a deadlock
+-- ends the whole call, and its worker gives the run back (stats_give_back_run).
 CREATE FUNCTION stats_publish_stage(p_run_id bigint, p_lease_token uuid)
  RETURNS TABLE(publish_status text, publish_applied_version bigint, publish_reason text, publish_retry_not_before timestamp with time zone)
  LANGUAGE plpgsql
@@ -1755,15 +1832,9 @@ BEGIN
             publish_applied_version := v_state.applied_version;
             RETURN NEXT;
             RETURN;
-        WHEN query_canceled OR data_exception OR insufficient_resources
-             OR program_limit_exceeded THEN
-            IF SQLSTATE = '57014' AND NOT stats_budget_spent('publish') THEN
-                RAISE;  -- a client's or operator's cancel is theirs to handle
-            END IF;
-            publish_reason := CASE WHEN SQLSTATE = '57014'
-                                   THEN 'statement budget spent (57014)'
-                                   ELSE format('publish failed (%s): %s', SQLSTATE,
-                                               split_part(SQLERRM, E'\n', 1)) END;
+        WHEN data_exception OR insufficient_resources OR program_limit_exceeded THEN
+            publish_reason := format('publish failed (%s): %s', SQLSTATE,
+                                     split_part(SQLERRM, E'\n', 1));
             publish_retry_not_before := stats_fail_attempt(p_run_id, publish_reason,
                                                            run.payload, SQLSTATE);
             publish_status := CASE WHEN publish_retry_not_before IS NULL THEN 'failed'
@@ -2029,14 +2100,16 @@ REVOKE ALL ON FUNCTION
     stats_run_is_active(p_phase text, p_lease_until timestamp with time zone, p_retry_not_before timestamp with time zone),
     stats_caller_is_application(),
     stats_user_is_stale(p_user_id uuid),
+    get_pr_overview_status(p_user_id uuid, p_as_of date),
     get_pr_overview(p_user_id uuid, p_as_of date),
     stats_compute_stage(p_run_id bigint, p_lease_token uuid, p_batch_size integer),
     stats_mirror_lease(),
     stats_fit_lease_slots(),
     stats_user_lock(p_user_id uuid),
+    stats_drain_lock(p_owner text),
     stats_renew_lease(p_run_id bigint, p_lease_seconds integer),
-    stats_budget_spent(p_stage text),
     stats_fail_attempt(p_run_id bigint, p_error text, p_payload jsonb, p_sqlstate text),
+    stats_give_back_run(p_run_id bigint, p_lease_token uuid, p_lock_owner text, p_stage text, p_sqlstate text, p_budget_spent boolean),
     stats_reject_run(p_run_id bigint, p_reason text, p_sqlstate text),
     stats_claim_stage(p_lock_owner text, p_user_id uuid),
     stats_publish_stage(p_run_id bigint, p_lease_token uuid),
@@ -2052,6 +2125,7 @@ GRANT EXECUTE ON FUNCTION
     stats_clock_date(),
     save_manual_pr(p_expected_user_id uuid, p_exercise_id text, p_weight_kg numeric, p_reps integer, p_recorded_on date),
     delete_manual_pr(p_expected_user_id uuid, p_record_id bigint),
+    get_pr_overview_status(p_user_id uuid, p_as_of date),
     get_pr_overview(p_user_id uuid, p_as_of date)
 TO inventory_app;
 GRANT SELECT ON exercises, user_exercise_stats, user_training_period_stats TO inventory_app;

@@ -153,7 +153,7 @@ def test_a_database_error_a_path_does_not_expect_is_seen_where_it_was_recorded(
     ]
     assert invariants.recorded_errors(conn, {"profile refresh attempt": frozenset({"22P02"})}) == [
         "stats run recorded a database error it does not expect: SQLSTATE 57014 x1"
-        " (statement budget spent (57014))"
+        " (compute: statement budget spent (57014))"
     ]
 
 

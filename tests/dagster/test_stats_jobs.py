@@ -17,6 +17,7 @@ from inventory_pipeline.definitions import defs
 from inventory_pipeline.defs import stats as stats_defs
 from inventory_pipeline.defs import stats_maintenance as maintenance_defs
 from inventory_pipeline.defs.resources import InventoryDatabase
+from inventory_pipeline.stats import repository as repo
 from tests import stats_factories as sf
 
 
@@ -145,27 +146,67 @@ def test_the_sensor_launches_a_drain_kept_alive_and_bounded(
 
 
 def test_a_drain_in_flight_holds_the_sensor_back_only_while_it_keeps_up(
-    conn: Connection, db_url: str, instance: dg.DagsterInstance
+    conn: Connection, db_url: str, instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A drain whose worker died unseen stays STARTED in Dagster: once claimable work has
-    waited past BEHIND_SECONDS the sensor launches another, up to the queue's two."""
+    """Work claimable past BEHIND_SECONDS means the drain in flight is not keeping up,
+    once that drain has had as long to take it: a drain launched just now is not behind
+    (on every demo start, work saved before the first drain started made the sensor
+    launch a second at once). Then the sensor launches another, up to the queue's two."""
     db = InventoryDatabase(url=db_url)
     context = dg.build_sensor_context(instance=instance, resources={"inventory_db": db})
     job = defs.resolve_job_def("stats_drain")
-    instance.create_run_for_job(job, status=dg.DagsterRunStatus.STARTED)  # died unseen
+    sf.exercise(conn, "squat")
+    sf.save(conn, uuid.uuid4(), date(2026, 3, 10), sf.sets(("squat", 100, 5)))
+    execute(
+        conn, "UPDATE user_exercise_stats_refresh_jobs SET created_at = now() - interval '31 s'"
+    )
+    with connect(db_url) as first_drain, connect(db_url) as second_drain:
+        first = instance.create_run_for_job(job, status=dg.DagsterRunStatus.STARTED)
+        repo.hold_drain_lock(first_drain, stats_defs.drain_owner(first.run_id))
+        skipped = stats_defs.stats_refresh_sensor(context)
+        assert isinstance(skipped, dg.SkipReason)
+        assert skipped.skip_message == "1 waiting; a drain is already active"
+        monkeypatch.setattr(stats_defs, "BEHIND_SECONDS", 0.5)
+        time.sleep(0.6)
+        assert isinstance(stats_defs.stats_refresh_sensor(context), dg.RunRequest)
+        second = instance.create_run_for_job(job, status=dg.DagsterRunStatus.STARTED)
+        repo.hold_drain_lock(second_drain, stats_defs.drain_owner(second.run_id))
+        skipped = stats_defs.stats_refresh_sensor(context)
+        assert isinstance(skipped, dg.SkipReason)
+        assert skipped.skip_message == "1 waiting; 2 drains are already active"
+
+
+def test_drains_whose_workers_died_unseen_are_reported_failed_and_replaced(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both drains died where Dagster cannot see it (their runs stay STARTED and hold the
+    queue's two places until their maximum runtime, 65 minutes): their database
+    sessions are gone. Once each has been without its session for SESSIONLESS_SECONDS
+    the sensor reports it failed and launches a successor; a drain whose session lives
+    is left alone however long it runs."""
+    monkeypatch.setattr(stats_defs, "SESSIONLESS_SECONDS", 0.5)
+    db = InventoryDatabase(url=db_url)
+    context = dg.build_sensor_context(instance=instance, resources={"inventory_db": db})
+    job = defs.resolve_job_def("stats_drain")
+    dead = [instance.create_run_for_job(job, status=dg.DagsterRunStatus.STARTED) for _ in "ab"]
     sf.exercise(conn, "squat")
     sf.save(conn, uuid.uuid4(), date(2026, 3, 10), sf.sets(("squat", 100, 5)))
     skipped = stats_defs.stats_refresh_sensor(context)
     assert isinstance(skipped, dg.SkipReason)
-    assert skipped.skip_message == "1 waiting; a drain is already active"
-    execute(
-        conn, "UPDATE user_exercise_stats_refresh_jobs SET created_at = now() - interval '31 s'"
-    )
-    assert isinstance(stats_defs.stats_refresh_sensor(context), dg.RunRequest)
-    instance.create_run_for_job(job, status=dg.DagsterRunStatus.STARTED)
-    skipped = stats_defs.stats_refresh_sensor(context)
-    assert isinstance(skipped, dg.SkipReason)
     assert skipped.skip_message == "1 waiting; 2 drains are already active"
+    time.sleep(0.6)
+    assert isinstance(stats_defs.stats_refresh_sensor(context), dg.RunRequest)
+    statuses = [instance.get_run_by_id(run.run_id).status for run in dead]  # type: ignore[union-attr]
+    assert statuses == [dg.DagsterRunStatus.FAILURE] * 2
+
+    live = instance.create_run_for_job(job, status=dg.DagsterRunStatus.STARTED)
+    with connect(db_url) as drain:
+        repo.hold_drain_lock(drain, stats_defs.drain_owner(live.run_id))
+        for _ in range(2):
+            stats_defs.stats_refresh_sensor(context)
+            time.sleep(0.6)
+        running = instance.get_run_by_id(live.run_id)
+        assert running is not None and running.status == dg.DagsterRunStatus.STARTED
 
 
 def test_a_drain_kept_alive_publishes_and_materializes_work_saved_while_it_waits(
@@ -226,4 +267,4 @@ def test_a_drain_logs_each_failed_attempt_with_its_reason(
         for entry in instance.all_logs(result.run_id)
         if entry.level == logging.WARNING
     ]
-    assert warnings == [f"user {user}: deferred: statement budget spent (57014)"]
+    assert warnings == [f"user {user}: interrupted: compute: statement budget spent (57014)"]

@@ -11,7 +11,7 @@ from decimal import Decimal
 import pytest
 
 from inventory_pipeline import api
-from inventory_pipeline.db import execute, fetch_all
+from inventory_pipeline.db import execute, fetch_all, fetch_one
 from tests import factories as f
 from tests import stats_factories as sf
 
@@ -86,21 +86,46 @@ def test_process_user_then_read_pr_overview(conn: api.Connection, user: uuid.UUI
     assert isinstance(result, api.AccountResult)
     assert (result.outcome, result.generation, result.has_more) == ("published", 1, False)
     assert sf.versions(conn, user) == (1, 1)
-    rows = api.read_pr_overview(conn, user, TODAY)
-    assert rows == [
-        {
-            "exercise_id": "squat",
-            "best_e1rm_all_time": Decimal("116.67"),  # 100 x (30 + 5) / 30
-            "best_e1rm_30d": Decimal("116.67"),
-            "best_e1rm_30d_prior_year": None,
-            "heaviest_kg": Decimal("100.00"),
-            "stale": False,
-        }
-    ]
-    assert set(rows[0]) == set(api.PrOverviewRow.__annotations__)
+    assert api.read_pr_overview(conn, user, TODAY) == api.PrOverview(
+        as_of=TODAY,
+        generation=1,
+        stale=False,
+        exercises=(
+            api.PrExercise(
+                exercise_id="squat",
+                best_e1rm_all_time=Decimal("116.67"),  # 100 x (30 + 5) / 30
+                best_e1rm_30d=Decimal("116.67"),
+                best_e1rm_30d_prior_year=None,
+                heaviest_kg=Decimal("100.00"),
+            ),
+        ),
+    )
     # Newer work queued: the served generation says it is stale until published.
     sf.save(conn, user, TODAY, sf.sets(("squat", 110, 5)))
-    assert [r["stale"] for r in api.read_pr_overview(conn, user, TODAY)] == [True]
+    assert api.read_pr_overview(conn, user, TODAY).stale
+
+
+def test_an_overview_with_no_exercise_still_says_whether_it_is_stale(
+    conn: api.Connection, user: uuid.UUID
+) -> None:
+    """A user whose published window holds no exercise (only warm-ups logged) saves a
+    140 kg squat. Until that save is published the overview has no row to carry the
+    word, and still says it is stale, through the Python reader and SQL alike."""
+    sf.save(conn, user, TODAY, sf.sets(("squat", 60, 10, True)))
+    assert api.process_user(conn, user, "app").outcome == "published"
+    current = api.read_pr_overview(conn, user, TODAY)
+    assert (current.exercises, current.stale, current.generation) == ((), False, 1)
+    sf.save(conn, user, TODAY, sf.sets(("squat", 140, 1)))
+    behind = api.read_pr_overview(conn, user, TODAY)
+    assert (behind.exercises, behind.stale, behind.generation) == ((), True, 1)
+    status = fetch_one(
+        conn, "SELECT * FROM get_pr_overview_status(%s, %s)", (user, TODAY.isoformat())
+    )
+    assert status == {"generation": 1, "as_of_date": TODAY, "stale": True, "exercise_count": 0}
+    assert api.process_user(conn, user, "app").outcome == "published"
+    published = api.read_pr_overview(conn, user, TODAY)
+    assert (published.stale, published.generation) == (False, 2)
+    assert [e.best_e1rm_all_time for e in published.exercises] == [Decimal("140.00")]
 
 
 def test_read_pr_overview_fails_closed_and_serves_the_application_role(
@@ -110,8 +135,8 @@ def test_read_pr_overview_fails_closed_and_serves_the_application_role(
     assert api.process_user(conn, user, "app").outcome == "published"
     # The window is the database date and the day either side (yesterday's overview
     # holds nothing of today's session, but it exists).
-    assert api.read_pr_overview(conn, user, TODAY - timedelta(days=1)) == []
-    assert len(api.read_pr_overview(conn, user, TODAY + timedelta(days=1))) == 1
+    assert api.read_pr_overview(conn, user, TODAY - timedelta(days=1)).exercises == ()
+    assert len(api.read_pr_overview(conn, user, TODAY + timedelta(days=1)).exercises) == 1
     for day in (TODAY + timedelta(days=2), TODAY - timedelta(days=2)):
         with pytest.raises(api.DatabaseError) as closed:
             api.read_pr_overview(conn, user, day)
@@ -120,7 +145,7 @@ def test_read_pr_overview_fails_closed_and_serves_the_application_role(
         api.read_pr_overview(conn, uuid.uuid4(), TODAY)
     assert unknown.value.sqlstate == "55000"
 
-    def as_application(acting_for: uuid.UUID | None) -> list[api.PrOverviewRow]:
+    def as_application(acting_for: uuid.UUID | None) -> api.PrOverview:
         with api.transaction(conn):
             execute(conn, "SET LOCAL ROLE inventory_app")
             if acting_for is not None:
@@ -131,7 +156,7 @@ def test_read_pr_overview_fails_closed_and_serves_the_application_role(
                 )
             return api.read_pr_overview(conn, user, TODAY)
 
-    assert [r["exercise_id"] for r in as_application(user)] == ["squat"]
+    assert [e.exercise_id for e in as_application(user).exercises] == ["squat"]
     for acting_for in (uuid.uuid4(), None):
         with pytest.raises(api.DatabaseError) as refused:
             as_application(acting_for)

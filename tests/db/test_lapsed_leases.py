@@ -155,6 +155,42 @@ def test_a_stats_run_whose_lease_lapsed_on_its_jobs_last_attempt_is_recorded_fai
     assert line.endswith(", failed for good (it was the last attempt)")
 
 
+def lapsed_batch_claim(conn: Connection, user: uuid.UUID, owner: str) -> StatsClaim:
+    """A large account's run claimed by `owner`, its first batch step committed, whose
+    lease then ran out (a batch run is resumed under its own token, not retired)."""
+    sf.history(conn, user, sessions=40, exercises=120)
+    dead = stats.claim(conn, owner)
+    assert dead is not None and stats.compute(conn, dead).status == "batch_pending"
+    sf.expire_run(conn, dead.run_id, dead.lease_token)
+    return dead
+
+
+def test_a_batch_run_taken_back_by_its_own_holder_is_recorded(
+    conn: Connection, user: uuid.UUID
+) -> None:
+    """The same worker, back from a stall, resumes its own lapsed batch run: the lapse
+    (and the attempt it consumed) is recorded, taken by that worker."""
+    dead = lapsed_batch_claim(conn, user, "worker-a:11")
+    resumed = stats.claim(conn, "worker-a:11")
+    assert resumed is not None and resumed.run_id == dead.run_id
+    assert lapsed(conn) == [("stats run", "worker-a:11", "worker-a:11", "taken")]
+
+
+def test_a_batch_run_that_lapsed_on_its_last_attempt_is_recorded_failed(
+    conn: Connection, user: uuid.UUID
+) -> None:
+    """The claim that resumes it counts one more attempt, and its compute then fails the
+    job for good: the line says so, not "taken by"."""
+    lapsed_batch_claim(conn, user, "worker-a:11")
+    execute(conn, "UPDATE stats_projection_worker_settings SET max_attempts = 1")
+    assert stats.drain(conn, "worker-b:22").failed == 1
+    status = fetch_all(conn, "SELECT status FROM user_exercise_stats_refresh_jobs")
+    assert [r["status"] for r in status] == ["failed"]
+    assert lapsed(conn) == [("stats run", "worker-a:11", None, "failed")]
+    [line] = lease_lines(leases.overview(conn))[1:]
+    assert line.endswith(", failed for good (it was the last attempt)")
+
+
 def test_a_stats_run_published_in_time_records_nothing(conn: Connection, user: uuid.UUID) -> None:
     sf.save(conn, user, D, sf.sets(("squat", 100, 5)))
     assert len(stats.drain(conn, "worker-a:11").published) == 1

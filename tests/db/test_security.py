@@ -33,6 +33,7 @@ APPLICATION_FUNCTIONS = {
     "delete_manual_pr(uuid,bigint)",
     "delete_training_session(uuid,uuid)",
     "get_pr_overview(uuid,date)",
+    "get_pr_overview_status(uuid,date)",
     "request_stats_refresh(uuid,date,text[],text)",
     "save_manual_pr(uuid,text,numeric,integer,date)",
     "save_training_session(uuid,jsonb)",

@@ -455,3 +455,23 @@ def test_manual_pr_writes_record_mutation_receipts(conn: Connection, user: uuid.
         ("delete", record, 2),
     ]
     assert [saved["r"]["receipt_id"], deleted["r"]["receipt_id"]] == [r["id"] for r in receipts]
+
+
+def test_a_refresh_request_records_a_mutation_receipt(conn: Connection, user: uuid.UUID) -> None:
+    """Every writer records a receipt with the generation it asked for, an explicit
+    refresh request too (it changes no fact: its receipt names no session or record)."""
+    asked = fetch_one(
+        conn, "SELECT request_stats_refresh(%s, %s, '{squat}', 'coach asked') AS r", (user, D)
+    )
+    assert asked is not None
+    receipts = fetch_all(
+        conn,
+        "SELECT id, operation, session_id, manual_pr_record_id, requested_version"
+        " FROM stats_mutation_receipts WHERE user_id = %s",
+        (user,),
+    )
+    assert [(r["operation"], r["session_id"], r["manual_pr_record_id"]) for r in receipts] == [
+        ("refresh", None, None)
+    ]
+    assert asked["r"]["receipt_id"] == receipts[0]["id"]
+    assert receipts[0]["requested_version"] == asked["r"]["requested_version"] == 1

@@ -180,3 +180,20 @@ def test_a_callers_transaction_keeps_its_own_statement_timeout(
         assert service.process_user(conn, user, "app").outcome == "published"
         row = fetch_one(conn, "SELECT current_setting('statement_timeout') AS timeout")
         assert row is not None and row["timeout"] == "123s"
+
+
+def test_scoped_processor_defers_a_user_whose_run_waits_out_a_retry(
+    conn: Connection, db_url: str, squat: str
+) -> None:
+    """The user's run failed an attempt and waits out its backoff: the worker publishes
+    it then, so the answer is deferred, not idle (nothing to do)."""
+    user = uuid.uuid4()
+    sf.save(conn, user, D, sf.sets((squat, 100, 5)))
+    execute(conn, "UPDATE stats_projection_worker_settings SET compute_budget_ms = 300")
+    claimed = service.claim(conn, "worker")
+    assert claimed is not None
+    with connect(db_url) as blocker, blocker.transaction():
+        execute(blocker, "LOCK TABLE stats_output_exercise IN EXCLUSIVE MODE")
+        assert service.compute(conn, claimed).status == "retry_pending"
+    result = service.process_user(conn, user, "app")
+    assert (result.outcome, result.has_more) == ("deferred", True)

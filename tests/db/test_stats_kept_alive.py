@@ -242,8 +242,8 @@ def test_a_drain_reports_each_failed_attempt_with_its_reason(conn: Connection, d
     with connect(db_url) as blocker, blocker.transaction():
         execute(blocker, "LOCK TABLE stats_output_exercise IN EXCLUSIVE MODE")
         summary = service.drain(conn, "test")
-    assert summary.deferred == 1
-    assert summary.failures == ((user, "deferred", "statement budget spent (57014)"),)
+    assert summary.interrupted == 1
+    assert summary.failures == ((user, "interrupted", "compute: statement budget spent (57014)"),)
 
 
 def test_a_long_pass_reports_as_it_goes(
@@ -282,3 +282,23 @@ def test_what_a_drain_did_is_reported_on_its_way_out_of_an_error(
     with pytest.raises(DatabaseUnavailable):
         drain.join()
     assert [u for u, _, _ in drain.published] == [user]
+
+
+def test_a_successor_job_waits_from_when_the_job_before_it_ended(conn: Connection) -> None:
+    """A save made while the user's job is live goes into a successor job, claimable only
+    once that job ends: its wait, which tells the sensor whether the drain keeps up, is
+    measured from then, not from when it was enqueued (before, a successor enqueued 40 s
+    earlier read as 40 s behind the moment it became claimable)."""
+    sf.exercise(conn, "squat")
+    user = uuid.uuid4()
+    sf.save(conn, user, SESSION, sf.sets(("squat", 100, 5)))
+    claimed = service.claim(conn, "w")
+    assert claimed is not None
+    sf.save(conn, user, SESSION, sf.sets(("squat", 110, 5)))
+    execute(
+        conn, "UPDATE user_exercise_stats_refresh_jobs SET created_at = now() - interval '40 s'"
+    )
+    assert service.work_waiting(conn).waiting == 0
+    assert service.process(conn, claimed).outcome == "published"
+    work = service.work_waiting(conn)
+    assert work.waiting == 1 and work.oldest_wait_seconds < 5

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from dataclasses import asdict
 from datetime import date, timedelta
 from decimal import Decimal
 
@@ -37,7 +38,7 @@ def user(conn: Connection) -> uuid.UUID:
 
 
 def read(conn: Connection, user: uuid.UUID, day: date) -> dict[str, dict[str, object]]:
-    return {r["exercise_id"]: r for r in service.read_pr_overview(conn, user, day)}
+    return {e.exercise_id: asdict(e) for e in service.read_pr_overview(conn, user, day).exercises}
 
 
 def fails_closed(conn: Connection, user: uuid.UUID, day: date) -> bool:

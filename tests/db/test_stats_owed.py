@@ -9,7 +9,7 @@ from datetime import date, timedelta
 import pytest
 
 from inventory_pipeline.db import Connection, connect, execute, fetch_all, fetch_one
-from inventory_pipeline.stats import maintenance, service
+from inventory_pipeline.stats import maintenance, runbook, service
 from inventory_pipeline.stats.models import StatsClaim
 from tests import stats_factories as sf
 
@@ -54,8 +54,8 @@ def owed(conn: Connection) -> list[dict[str, object]]:
 
 
 def pr_overview(conn: Connection, user: uuid.UUID) -> dict[str, bool]:
-    rows = service.read_pr_overview(conn, user, D2)
-    return {r["exercise_id"]: r["stale"] for r in rows}
+    overview = service.read_pr_overview(conn, user, D2)
+    return {e.exercise_id: overview.stale for e in overview.exercises}
 
 
 def test_exhausted_range_is_published_by_the_next_job(
@@ -76,6 +76,27 @@ def test_exhausted_range_is_published_by_the_next_job(
     [failed, completed] = sf.jobs(conn, user)
     assert failed["status"] == "failed"  # kept for inspection
     assert completed["metadata"]["absorbed_failed_jobs"] == [failed["id"]]
+
+
+def test_a_failure_a_later_job_published_asks_nothing_of_an_operator(
+    conn: Connection, db_url: str, user: uuid.UUID
+) -> None:
+    """Once a later job of the user took an exhausted job's range in and published it,
+    status no longer counts the failure as one to retry, and a retry is refused: it
+    would only make a current user stale again."""
+    sf.save(conn, user, D1, sf.sets(("squat", 100, 5)))
+    exhaust_squeezed(conn, db_url, claim(conn))
+    assert service.worker_status(conn)["attempt_exhausted_failures"] == 1
+    sf.save(conn, user, D2, sf.sets(("bench", 80, 5)))
+    service.drain(conn, "test")
+    [failed, completed] = sf.jobs(conn, user)
+    assert service.worker_status(conn)["attempt_exhausted_failures"] == 0
+    refusal = (
+        f"job {failed['id']}'s range is no longer owed: job {completed['id']} took it in"
+        " and is completed"
+    )
+    with pytest.raises(runbook.RunbookError, match=refusal):
+        runbook.retry(conn, failed["id"])
 
 
 def test_import_writing_during_batches_loses_no_range(conn: Connection, user: uuid.UUID) -> None:

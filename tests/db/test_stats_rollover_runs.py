@@ -107,7 +107,7 @@ def test_a_run_requests_every_due_user_one_per_transaction(conn: Connection) -> 
     # their new date (a window not moved fails closed with 55000 there).
     assert len(service.drain(conn, "test").published) == POPULATION
     for user in users[-3:]:
-        assert service.read_pr_overview(conn, user, day + timedelta(days=1))
+        assert service.read_pr_overview(conn, user, day + timedelta(days=1)).exercises
     assert rolled_users(conn, day) == POPULATION
     assert maintenance.due(conn).rollover_users == 0
 

@@ -270,7 +270,7 @@ def test_statement_timeout_in_a_batch_rolls_back_and_backs_off(
         conn, "SELECT count(*) AS n FROM stats_output_exercise WHERE run_id = %s", (claimed.run_id,)
     )
     assert kept is not None and kept["n"] == 100  # committed predecessors preserved
-    assert recorded_error(conn, claimed) == ("statement budget spent (57014)", "57014")
+    assert recorded_error(conn, claimed) == ("compute: statement budget spent (57014)", "57014")
     assert service.compute(conn, claimed).status == "retry_pending"  # no immediate retry
     execute(conn, "UPDATE user_stats_projection_runs SET retry_not_before = now()")
     execute(conn, "UPDATE stats_projection_worker_settings SET compute_budget_ms = 60000")
