@@ -156,13 +156,25 @@ LARGE_IMPORT_SESSIONS = 3  # at setup, each holding every one of the large exerc
 SMALL_USERS = 6
 # Exhausted attempts: for this many operations from this fraction of the run (and now
 # and then as a drawn operation) the attempt cap drops to 2 or 3, with the compute
-# budget at 1 ms (every compute times out: always at the fixed point, half the time when
-# drawn) or untouched (edits during a large account's batches invalidate its attempts);
-# then both are restored.
+# budget at its floor, 100 ms (a large account's batches run out of it: always at the
+# fixed point, half the time when drawn), or untouched (edits during a large account's
+# batches invalidate its attempts); then both are restored.
 SQUEEZE_AT = 0.55
 SQUEEZE_OPERATIONS = 80  # 10 s at 8 operations/s
 SQUEEZED_ATTEMPTS = (2, 3)
-SQUEEZED_COMPUTE_BUDGET_MS = 1
+SQUEEZED_COMPUTE_BUDGET_MS = 100
+# A publication that waits for its user's state row (an application's transaction around
+# a save, an import, holds it): at these fractions of the run (and now and then as a
+# drawn operation) a large account imports a session, and an application transaction
+# then holds the user's row; the publication that waits for it is cancelled by an
+# operator at the first fixed point and held past its budget at the second (drawn:
+# either). Each ends the publication's call; the run must be given back, its slot free.
+PUBLICATION_LOCK_WAIT_AT = (0.15, 0.4)
+# How long the harness looks for a stats worker's stage call in flight to cancel (a
+# drawn operation; a stage of a small account lasts a few milliseconds), and for the
+# held user's publication to wait (a large account's batches come first).
+CANCEL_LOOK_SECONDS = 0.5
+LOCK_WAIT_LOOK_SECONDS = 10.0
 # An operator's rebuild of every user, issued beside the writes (its own connection);
 # before the squeeze, so that it cannot cover the ranges the squeeze makes fail.
 REBUILD_AT = 0.3

@@ -10,6 +10,7 @@ not replayable; that is the point of running many seeds.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import re
@@ -56,6 +57,7 @@ from chaos.config import (
     OPS_PER_SECOND,
     PAUSE_CHANCE,
     PAUSE_SECONDS,
+    PUBLICATION_LOCK_WAIT_AT,
     REBUILD_AT,
     RESTART_AT,
     SQUEEZE_AT,
@@ -161,6 +163,10 @@ class Report:
     # Stats workers killed (SIGKILL or terminated) while they held a live claim, by
     # whether the kill caught them inside a transaction.
     claim_kills: Counter[str] = field(default_factory=Counter)
+    # Stage calls the harness cancelled, by stage; publications that waited on a held
+    # state row, by how they ended.
+    cancels: Counter[str] = field(default_factory=Counter)
+    lock_waits: Counter[str] = field(default_factory=Counter)
     squeezes: int = 0
     edits_during_compute: int = 0
     exhausted_retried: int = 0  # by the runbook while settling
@@ -192,7 +198,9 @@ class Report:
             f"stats: claim holders killed {counted(self.claim_kills)}, budget squeezes"
             f" {self.squeezes}, large-account edits aimed at a computing run"
             f" {self.edits_during_compute}, exhausted jobs retried by the runbook while"
-            f" settling {self.exhausted_retried}",
+            f" settling {self.exhausted_retried}, stage calls cancelled"
+            f" {counted(self.cancels)}, publications waiting on a held state row"
+            f" {counted(self.lock_waits)}",
             f"audit: {self.audit}",
             f"merges injected: {counted(self.merges)}; operator decisions:"
             f" {counted(self.reviewed)}; replacements: {self.replacements}",
@@ -725,6 +733,7 @@ def run(
                 report.unexpected_refusals = workload.unexpected
                 report.unsupported = workload.unsupported
                 report.squeezes = workload.squeezes
+                report.cancels, report.lock_waits = workload.cancels, workload.lock_waits
                 report.merges = workload.merges
                 report.reviewed.update(workload.reviewed)
                 report.edits_during_compute = workload.edits_during_compute
@@ -836,6 +845,7 @@ def _chaos(
     backlog, storm = int(total * BACKLOG_AT), int(total * STORM_AT)
     auth_backlog = int(total * AUTH_BACKLOG_AT)
     squeeze, rebuild = int(total * SQUEEZE_AT), int(total * REBUILD_AT)
+    lock_waits = {int(total * at) for at in PUBLICATION_LOCK_WAIT_AT}
     empty_user = int(total * EMPTY_USER_AT)
     merge_batches = {int(total * at) for at in MERGE_AT}
     owed_at = int(total * FAULTS_OWED_AT)
@@ -855,6 +865,12 @@ def _chaos(
                 workload.apply(
                     "squeeze_budget",
                     lambda: workload.squeeze_budget(SQUEEZED_COMPUTE_BUDGET_MS),
+                )
+            if op in lock_waits:
+                # Cancelled at the first fixed point, out of its budget at the second.
+                workload.apply(
+                    "publication_lock_wait",
+                    functools.partial(workload.publication_lock_wait, op == min(lock_waits)),
                 )
             if op == rebuild:
                 workload.apply("rebuild_everyone", workload.rebuild_everyone)
@@ -949,6 +965,8 @@ def exercised(report: Report, restartable: bool = False) -> dict[str, int]:
         "claim-holder kill": sum(report.claim_kills.values()),
         "throttle storm": len(report.storms),
         "budget squeeze": report.squeezes,
+        "stage cancel": sum(report.cancels.values()),
+        "publication lock wait": sum(report.lock_waits.values()),
     }
     if restartable:
         out["server restart"] = report.restarts

@@ -27,11 +27,13 @@ from chaos.config import (
     AUTH_BACKLOG_CASES,
     BACKLOG_ITEMS,
     BACKLOG_LIBRARIES,
+    CANCEL_LOOK_SECONDS,
     EXPECTED_SQLSTATE_CLASSES,
     EXPECTED_SQLSTATES,
     LARGE_EXERCISES,
     LARGE_IMPORT_SESSIONS,
     LARGE_USERS,
+    LOCK_WAIT_LOOK_SECONDS,
     MERGE_VARIANTS,
     SMALL_USERS,
     SQUEEZE_OPERATIONS,
@@ -67,6 +69,32 @@ LARGE_CATALOG = tuple(f"lift_{n:03d}" for n in range(LARGE_EXERCISES))
 COMPUTING = (
     "SELECT user_id FROM user_stats_projection_runs WHERE phase = 'claimed'"
     " AND user_id = ANY(%s) ORDER BY id DESC LIMIT 1"
+)
+# A publication waiting on a lock the given backend (an application's transaction)
+# holds: the backend to cancel, or let run out of its budget.
+WAITING_PUBLICATION = (
+    "SELECT a.pid FROM pg_stat_activity a"
+    " WHERE a.datname = current_database() AND a.state = 'active'"
+    " AND a.wait_event_type = 'Lock' AND a.query LIKE '%%stats_publish_stage(%%'"
+    " AND %s = ANY (pg_blocking_pids(a.pid))"
+    " LIMIT 1"
+)
+# A user's run claimed and at work (computing or about to publish).
+CLAIMED = (
+    "SELECT 1 FROM user_stats_projection_runs WHERE user_id = %s"
+    " AND phase IN ('claimed', 'computed') AND retry_not_before IS NULL"
+)
+# A stats worker's stage call in flight (its arming statement or the stage itself).
+STAGE_IN_FLIGHT = (
+    "SELECT a.pid, CASE WHEN a.query LIKE '%stats_claim_stage(%' THEN 'claim'"
+    "  WHEN a.query LIKE '%stats_compute_stage(%' THEN 'compute'"
+    "  WHEN a.query LIKE '%stats_publish_stage(%' THEN 'publish' ELSE 'arm' END AS stage"
+    " FROM pg_stat_activity a"
+    " WHERE a.datname = current_database() AND a.state = 'active'"
+    " AND a.pid <> pg_backend_pid()"
+    " AND (a.query LIKE '%stats\\_%\\_stage(%'"
+    "  OR a.query LIKE '%stats_projection_statement_budget(%')"
+    " ORDER BY random() LIMIT 1"
 )
 FAULTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("status", {"status": 500}),
@@ -151,8 +179,13 @@ class Workload:
     squeeze_left: int = 0
     edits_during_compute: int = 0
     held_claims: int = 0
+    # Stage calls cancelled by the harness, by stage; publications that waited for a
+    # state row an application held, by how they ended (cancelled, timed out).
+    cancels: Counter[str] = field(default_factory=Counter)
+    lock_waits: Counter[str] = field(default_factory=Counter)
     bad_saves_refused: int = 0
     app: Connection | None = None
+    squeeze_hold: Connection | None = None  # holds the private output tables in a squeeze
     rebuild: threading.Thread | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Merges at the stand-in: the records folded so far, and what the operator decided.
@@ -763,6 +796,58 @@ class Workload:
         self.save_session(user)
         self.held_claims += 1
 
+    def publication_lock_wait(self, cancel: bool | None = None) -> None:
+        """A large account imports a session (its range computes in batches, several
+        transactions), then an application transaction holds the user's state row: the
+        user's publication waits for it and is cancelled by an operator, or runs out of
+        its budget (`cancel` None: either). The call ends either way and its run must be
+        given back."""
+        app = self._app()
+        if app is None or not self.large_users:
+            return
+        user = self.rng.choice(self.large_users)
+        self.save_large(user, everything=True)
+        cancel = self.rng.random() < 0.5 if cancel is None else cancel
+        budget = STATS_SETTINGS["publish_budget_ms"] / 1000
+        # The transaction begins once the user's job is claimed: a save's enqueue holds
+        # the pending job it merges into, and a claim passes such a user by.
+        deadline = time.monotonic() + LOCK_WAIT_LOOK_SECONDS
+        while fetch_one(self.conn, CLAIMED, (user,)) is None:
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.01)
+        execute(app, "BEGIN")
+        try:
+            execute(app, "SELECT request_stats_refresh(%s, NULL, '{}', 'chaos import')", (user,))
+            deadline = time.monotonic() + LOCK_WAIT_LOOK_SECONDS
+            while time.monotonic() < deadline:
+                waiting = fetch_one(self.conn, WAITING_PUBLICATION, (app.info.backend_pid,))
+                if waiting is not None:
+                    if cancel:
+                        execute(self.conn, "SELECT pg_cancel_backend(%s)", (waiting["pid"],))
+                        self.lock_waits["cancelled"] += 1
+                        self.cancels["publish"] += 1
+                    else:  # held past the publication's whole budget
+                        time.sleep(budget + 0.3)
+                        self.lock_waits["timed out"] += 1
+                    return
+                time.sleep(0.02)
+        finally:
+            execute(app, "COMMIT")
+
+    def cancel_stage(self) -> None:
+        """An operator cancels a stats worker's stage call in flight (pg_cancel_backend),
+        whichever statement it is in: a claim is made again, a compute or publication is
+        given back."""
+        deadline = time.monotonic() + CANCEL_LOOK_SECONDS
+        while time.monotonic() < deadline:
+            found = fetch_one(self.conn, STAGE_IN_FLIGHT)
+            if found is not None:
+                execute(self.conn, "SELECT pg_cancel_backend(%s)", (found["pid"],))
+                self.cancels[found["stage"]] += 1
+                return
+            time.sleep(0.005)
+
     def scoped_process(self) -> None:
         """The application publishes one user's stats at once, in its own process."""
         app = self._app()
@@ -800,7 +885,12 @@ class Workload:
 
     def squeeze_budget(self, budget: int | None = None) -> None:
         """The attempt cap drops (and the compute budget to `budget`, or half the time to
-        1 ms) for a while: jobs exhaust their attempts, and their ranges must stay owed."""
+        its floor) for a while: jobs exhaust their attempts, and their ranges must stay
+        owed. With the floor, an operator's maintenance (a VACUUM FULL, a schema change)
+        also holds the exercise projection a compute reads and a publication replaces,
+        so every compute and publication runs out of its budget while it lasts, as every
+        compute did under the former 1 ms budget; recording the failure needs no lock it
+        holds."""
         if self.squeeze_left:
             return
         attempts = self.rng.choice(SQUEEZED_ATTEMPTS)
@@ -811,10 +901,17 @@ class Workload:
             "UPDATE stats_projection_worker_settings SET max_attempts = %s, compute_budget_ms = %s",
             (attempts, budget),
         )
+        if budget == SQUEEZED_COMPUTE_BUDGET_MS and self.reconnect is not None:
+            self.squeeze_hold = self.reconnect()
+            execute(self.squeeze_hold, "BEGIN")
+            execute(self.squeeze_hold, "LOCK TABLE user_exercise_stats IN ACCESS EXCLUSIVE MODE")
         self.squeezes += 1
         self.squeeze_left = SQUEEZE_OPERATIONS
 
     def restore_budget(self) -> None:
+        if self.squeeze_hold is not None:
+            self.squeeze_hold.close()  # its transaction rolls back: the tables are free
+            self.squeeze_hold = None
         execute(
             self.conn,
             "UPDATE stats_projection_worker_settings SET max_attempts = %s, compute_budget_ms = %s",
@@ -981,6 +1078,8 @@ class Workload:
             ("edit_stats_settings", self.edit_stats_settings, 1),
             ("save_large", self.save_large, 4),
             ("held_claim", self.held_claim, 1),
+            ("publication_lock_wait", self.publication_lock_wait, 0.3),
+            ("cancel_stage", self.cancel_stage, 1),
             ("scoped_process", self.scoped_process, 2),
             ("bad_save", self.bad_save, 1),
             ("delete_all_sessions", self.delete_all_sessions, 0.3),

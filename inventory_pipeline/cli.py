@@ -125,9 +125,9 @@ def _whole(text: str) -> int:
 
 
 STATS_SETTING_FLAGS = (
-    ("--claim-seconds", "claim_budget_ms", _seconds_ms, "claim statement budget"),
-    ("--compute-seconds", "compute_budget_ms", _seconds_ms, "compute statement budget"),
-    ("--publish-seconds", "publish_budget_ms", _seconds_ms, "publish statement budget (< 8)"),
+    ("--claim-seconds", "claim_budget_ms", _seconds_ms, "claim statement budget (>= 0.1)"),
+    ("--compute-seconds", "compute_budget_ms", _seconds_ms, "compute statement budget (>= 0.1)"),
+    ("--publish-seconds", "publish_budget_ms", _seconds_ms, "publish statement budget (0.1-8)"),
     ("--lease-seconds", "lease_seconds", _count, "lease (covers compute + publish)"),
     ("--active-leases", "active_lease_cap", _count, "cap of active leases"),
     ("--max-attempts", "max_attempts", _count, "attempts before a job fails"),
@@ -185,8 +185,9 @@ def _stats_parser(sub: Subparsers) -> None:
         "show or change the worker's budgets",
         "Print the stats worker's settings row: statement budgets, lease, cap of active\n"
         "leases, attempts, retry backoff and the pause switch. With any flag, change those\n"
-        "settings first; the table's checks refuse an inconsistent set (publish below 8 s,\n"
-        "the lease covering compute + publish) in one line, changing nothing.",
+        "settings first; the table's checks refuse an inconsistent set (each budget at\n"
+        "least 0.1 s, publish below 8 s, the lease covering compute + publish) in one line,\n"
+        "changing nothing.",
         ["stats settings", "stats settings --compute-seconds 2.5 --lease-seconds 60"],
         _stats_settings,
     )

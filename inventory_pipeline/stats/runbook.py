@@ -22,12 +22,15 @@ SETTING_NAMES = tuple(f.name for f in fields(WorkerSettings) if f.name != "pause
 
 # The rule each settings CHECK keeps, as an operator reads it (stats/schema.sql).
 SETTING_RULES = {
-    "stats_projection_worker_settings_claim_budget_ms_check": "the claim budget must be above 0",
+    "stats_projection_worker_settings_claim_budget_ms_check": (
+        "the claim budget must be at least 0.1 s (100 ms): below that a claim can fail every time"
+    ),
     "stats_projection_worker_settings_compute_budget_ms_check": (
-        "the compute budget must be above 0"
+        "the compute budget must be at least 0.1 s (100 ms): below that a compute step can"
+        " fail every time"
     ),
     "stats_projection_worker_settings_publish_budget_ms_check": (
-        "the publish budget must be above 0 and under 8 s, the save's deadline"
+        "the publish budget must be at least 0.1 s (100 ms) and under 8 s, the save's deadline"
     ),
     "stats_projection_worker_settings_lease_seconds_check": "the lease must be above 0",
     "stats_projection_worker_settings_active_lease_cap_check": (

@@ -127,7 +127,10 @@ CREATE INDEX stats_jobs_finished ON user_exercise_stats_refresh_jobs USING btree
 CREATE UNIQUE INDEX stats_jobs_one_live_per_user ON user_exercise_stats_refresh_jobs USING btree (user_id) WHERE ((status)::text = 'processing'::text);
 
 -- One budget source, read by every stage: statement budgets, lease, cap of active
--- leases, attempts, backoff, and the pause switch.
+-- leases, attempts, backoff, and the pause switch. A stage budget is at least 100 ms: a
+-- claim, a small account's compute step or publication takes about a millisecond on an
+-- idle server and a 100-exercise account's tens, so below that a stage can fail every
+-- call (a 1 ms claim budget made a drain publish nothing).
 CREATE TABLE stats_projection_worker_settings (
     id integer DEFAULT 1 NOT NULL,
     claim_budget_ms integer DEFAULT 3000 NOT NULL,
@@ -140,12 +143,12 @@ CREATE TABLE stats_projection_worker_settings (
     paused boolean DEFAULT false NOT NULL,
     CONSTRAINT stats_projection_worker_settings_pkey PRIMARY KEY (id),
     CONSTRAINT stats_projection_worker_settings_active_lease_cap_check CHECK ((active_lease_cap > 0)),
-    CONSTRAINT stats_projection_worker_settings_claim_budget_ms_check CHECK ((claim_budget_ms > 0)),
-    CONSTRAINT stats_projection_worker_settings_compute_budget_ms_check CHECK ((compute_budget_ms > 0)),
+    CONSTRAINT stats_projection_worker_settings_claim_budget_ms_check CHECK ((claim_budget_ms >= 100)),
+    CONSTRAINT stats_projection_worker_settings_compute_budget_ms_check CHECK ((compute_budget_ms >= 100)),
     CONSTRAINT stats_projection_worker_settings_id_check CHECK ((id = 1)),
     CONSTRAINT stats_projection_worker_settings_lease_seconds_check CHECK ((lease_seconds > 0)),
     CONSTRAINT stats_projection_worker_settings_max_attempts_check CHECK ((max_attempts > 0)),
-    CONSTRAINT stats_projection_worker_settings_publish_budget_ms_check CHECK (((publish_budget_ms > 0) AND (publish_budget_ms < 8000))),
+    CONSTRAINT stats_projection_worker_settings_publish_budget_ms_check CHECK (((publish_budget_ms >= 100) AND (publish_budget_ms < 8000))),
     CONSTRAINT stats_projection_worker_settings_retry_backoff_seconds_check CHECK ((retry_backoff_seconds >= 0)),
     CONSTRAINT stats_settings_lease_covers_work CHECK (((lease_seconds * 1000) >= (compute_budget_ms + publish_budget_ms)))
 );
@@ -900,6 +903,26 @@ CREATE FUNCTION stats_notify_work()
 AS $function$
 BEGIN
     PERFORM pg_notify('stats_work', '');
+    RETURN NULL;
+END
+$function$;
+
+-- A job's change wakes a waiting drain only when it can have made work claimable: a
+-- merge into a pending job (a claim may have passed the job by while the merge held its
+-- row), or a live job ending while its user has a pending successor (claimable from
+-- now). A job ending with no successor frees only a lease slot, which a drain waiting
+-- for one finds at its recheck: its commit takes no notify queue lock.
+CREATE FUNCTION stats_notify_job_change()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF NEW.status = 'pending' OR EXISTS (
+        SELECT 1 FROM user_exercise_stats_refresh_jobs j
+        WHERE j.user_id = NEW.user_id AND j.status = 'pending'
+    ) THEN
+        PERFORM pg_notify('stats_work', '');
+    END IF;
     RETURN NULL;
 END
 $function$;
@@ -2064,7 +2087,7 @@ CREATE TRIGGER user_stats_projection_runs_mirror_lease AFTER UPDATE OF phase, le
 CREATE TRIGGER stats_projection_worker_settings_fit_slots AFTER UPDATE OF active_lease_cap ON stats_projection_worker_settings FOR EACH ROW EXECUTE FUNCTION stats_fit_lease_slots();
 CREATE TRIGGER stats_projection_worker_settings_notify AFTER UPDATE ON stats_projection_worker_settings FOR EACH STATEMENT EXECUTE FUNCTION stats_notify_work();
 CREATE TRIGGER user_exercise_stats_refresh_jobs_notify_enqueued AFTER INSERT ON user_exercise_stats_refresh_jobs FOR EACH STATEMENT EXECUTE FUNCTION stats_notify_work();
-CREATE TRIGGER user_exercise_stats_refresh_jobs_notify_changed AFTER UPDATE ON user_exercise_stats_refresh_jobs FOR EACH ROW WHEN ((((new.status)::text = 'pending'::text) OR (((old.status)::text = 'processing'::text) AND ((new.status)::text <> 'processing'::text)))) EXECUTE FUNCTION stats_notify_work();
+CREATE TRIGGER user_exercise_stats_refresh_jobs_notify_changed AFTER UPDATE ON user_exercise_stats_refresh_jobs FOR EACH ROW WHEN ((((new.status)::text = 'pending'::text) OR (((old.status)::text = 'processing'::text) AND ((new.status)::text <> 'processing'::text)))) EXECUTE FUNCTION stats_notify_job_change();
 
 -- == Who may call and read what =========================================================
 
@@ -2097,6 +2120,7 @@ REVOKE ALL ON FUNCTION
     stats_owe_range(p_user_id uuid, p_from_date date, p_exercise_ids text[], p_job_id bigint),
     stats_owe_failed_range(),
     stats_notify_work(),
+    stats_notify_job_change(),
     stats_run_is_active(p_phase text, p_lease_until timestamp with time zone, p_retry_not_before timestamp with time zone),
     stats_caller_is_application(),
     stats_user_is_stale(p_user_id uuid),

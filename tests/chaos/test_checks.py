@@ -168,13 +168,16 @@ def test_a_run_that_injected_no_fault_of_a_kind_fails() -> None:
     report.terminations["stats"] = 1
     report.claim_kills["SIGKILL in a transaction"] = 1
     report.squeezes = 1
+    report.cancels["compute"] = 1
     assert unexercised(report, restartable=True) == [
         "fault not exercised: pause",
         "fault not exercised: throttle storm",
+        "fault not exercised: publication lock wait",
         "fault not exercised: server restart",
     ]
     report.pauses["observer"] = 1
     report.storms = [3]
+    report.lock_waits["timed out"] = 1
     assert unexercised(report, restartable=False) == []
     assert unexercised(report, restartable=True) == ["fault not exercised: server restart"]
 

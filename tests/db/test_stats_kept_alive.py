@@ -207,19 +207,21 @@ def test_the_database_notifies_each_statement_that_can_make_work_claimable(
         sf.save(conn, user, SESSION, sf.sets(("squat", 110, 5)))  # a successor
         assert notified()
         assert service.process(conn, claimed).outcome == "published"
-        assert notified(), "a job ending"
+        assert notified(), "a job ending with a successor, which becomes claimable"
         assert len(service.drain(conn, "test").published) == 1  # the successor
-        assert notified()
+        # A job ending with none frees only a lease slot, which a drain waiting for one
+        # finds at its recheck: no commit takes the notify queue's lock for it.
+        assert quiet(), "a job ending with no successor"
         sf.save(conn, user, SESSION, sf.sets(("squat", 120, 5)))
         assert notified()
         sf.save(conn, user, SESSION, sf.sets(("squat", 130, 5)))
         assert notified(), "a merge into a pending job"
         service.drain(conn, "test")
-        assert notified()
+        assert quiet()
         sf.delete(conn, user, saved["session_id"])
         assert notified(), "a delete"
         service.drain(conn, "test")
-        assert notified()
+        assert quiet()
         rebuild.request_rebuild(conn, [user])
         assert notified(), "a rebuild request"
         runbook.pause(conn)

@@ -98,7 +98,8 @@ def test_settings_respect_the_table_checks(conn: Connection) -> None:
     with pytest.raises(runbook.RunbookError) as refused:
         runbook.change_settings(conn, {"publish_budget_ms": 9000})
     assert str(refused.value) == (
-        "settings refused: the publish budget must be above 0 and under 8 s, the save's deadline"
+        "settings refused: the publish budget must be at least 0.1 s (100 ms) and under 8 s,"
+        " the save's deadline"
     )
     with pytest.raises(runbook.RunbookError) as refused:
         runbook.change_settings(conn, {"lease_seconds": 10})
@@ -106,6 +107,17 @@ def test_settings_respect_the_table_checks(conn: Connection) -> None:
         "settings refused: the lease must cover the compute and publish budgets together"
     )
     assert runbook.settings(conn) == changed
+
+
+@pytest.mark.parametrize("stage", ["claim", "compute", "publish"])
+def test_a_budget_no_stage_can_finish_in_is_refused(conn: Connection, stage: str) -> None:
+    """A one-millisecond budget was accepted, and every call of its stage ran out of it
+    (a claim budget of 1 ms made a drain publish nothing): every stage budget has a
+    floor, stated in the refusal."""
+    with pytest.raises(runbook.RunbookError) as refused:
+        runbook.change_settings(conn, {f"{stage}_budget_ms": 1})
+    assert f"the {stage} budget must be at least 0.1 s (100 ms)" in str(refused.value)
+    assert runbook.change_settings(conn, {f"{stage}_budget_ms": 100}).paused is False
 
 
 def test_cli_runbook(command: Run, conn: Connection, user: uuid.UUID) -> None:
@@ -145,7 +157,7 @@ def test_cli_retry(command: Run, conn: Connection, user: uuid.UUID) -> None:
     [
         (["retry", "999999"], "no stats job 999999", 1),
         (["retry", "abc"], "must be a positive whole number", 2),
-        (["settings", "--publish-seconds", "100"], "publish budget must be above 0 and under 8", 1),
+        (["settings", "--publish-seconds", "100"], "publish budget must be at least 0.1 s", 1),
         (["settings", "--lease-seconds", "5"], "the lease must cover the compute and publish", 1),
         (["settings", "--compute-seconds", "-1"], "must be a number of seconds", 2),
         (["settings", "--compute-seconds", "nan"], "must be a number of seconds", 2),
