@@ -243,3 +243,40 @@ def test_a_worker_whose_batch_run_was_resumed_elsewhere_gives_nothing_back(
         assert resumed["holds_slot"] and resumed["backing_off"] is None
         assert resumed["error"] is None
         assert service.compute(other, second).status == "batch_pending"
+
+
+def test_claims_that_keep_failing_are_not_nothing_to_claim(conn: Connection, db_url: str) -> None:
+    """Every claim runs out of its budget (a session holds the lease slots' table): after
+    five in a row the drain's pass ends saying so, rather than reading as nothing to
+    claim; a drain kept alive does not end as idle meanwhile, and once the table is let
+    go its next pass publishes."""
+    execute(conn, "UPDATE stats_projection_worker_settings SET claim_budget_ms = 100")
+    (user,) = users_with_work(conn, 1)
+    with connect(db_url) as worker, connect(db_url) as holder:
+        execute(holder, "BEGIN")
+        execute(holder, "LOCK TABLE stats_lease_slots IN ACCESS EXCLUSIVE MODE")
+        summary = service.drain(worker, "w")
+        assert summary.rounds == 0 and summary.claim_error is not None
+        assert summary.claim_error.startswith("5 claims in a row failed (57014)")
+        reports: list[Any] = []
+
+        def kept_alive() -> Any:
+            return service.keep_draining(
+                worker,
+                "w",
+                idle_seconds=0.5,
+                lifetime_seconds=60,
+                report=reports.append,
+                report_seconds=0.1,
+                recheck_seconds=0.2,
+            )
+
+        with in_thread(kept_alive) as out:
+            time.sleep(1.5)  # three idle limits of failing claims
+            execute(holder, "COMMIT")
+            deadline = time.monotonic() + 30
+            while sf.versions(conn, user) != (1, 1) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert out == ["idle"]
+        assert any(r.claim_error for r in reports)
+        assert [u for r in reports for u, _, _ in r.published] == [user]
