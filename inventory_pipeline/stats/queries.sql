@@ -205,17 +205,25 @@ WHERE EXISTS (
 -- to resume, dead workers' runs), how long the oldest of it has waited since it became
 -- claimable (a job since it was enqueued or, for a successor, since the job before it
 -- ended; a run since it became due), the lease slots free, and the pause switch.
+-- The oldest wait is looked for among the 100 claimable jobs enqueued first: a job
+-- enqueued later became claimable no earlier than it was enqueued, so the front holds the
+-- oldest wait unless all 100 became claimable after the 100th was enqueued (a drain busy
+-- ending their predecessors, which is no drain falling behind). Looking up every pending
+-- job's predecessor took 0.5 s a tick at 100,000 pending users.
 WITH jobs AS (
-    SELECT greatest(j.created_at, (
-               SELECT p.completed_at FROM user_exercise_stats_refresh_jobs p
-               WHERE p.user_id = j.user_id AND p.id < j.id
-               ORDER BY p.id DESC
-               LIMIT 1)) AS since
+    SELECT j.id, j.user_id, j.created_at
     FROM user_exercise_stats_refresh_jobs j
     WHERE j.status = 'pending'
       AND NOT EXISTS (
           SELECT 1 FROM user_exercise_stats_refresh_jobs p
           WHERE p.user_id = j.user_id AND p.status = 'processing')
+), front AS (
+    SELECT greatest(f.created_at, (
+               SELECT p.completed_at FROM user_exercise_stats_refresh_jobs p
+               WHERE p.user_id = f.user_id AND p.id < f.id
+               ORDER BY p.id DESC
+               LIMIT 1)) AS since
+    FROM (SELECT * FROM jobs ORDER BY created_at, id LIMIT 100) AS f
 ), runs AS (
     SELECT coalesce(r.retry_not_before, r.lease_until) AS since
     FROM user_stats_projection_runs r
@@ -227,7 +235,7 @@ SELECT st.paused,
        (SELECT count(*) FROM stats_lease_slots l
         WHERE l.slot <= st.active_lease_cap AND l.lease_until <= now()) AS free_slots,
        (SELECT count(*) FROM jobs) + (SELECT count(*) FROM runs) AS waiting,
-       coalesce(extract(epoch FROM now() - least((SELECT min(since) FROM jobs),
+       coalesce(extract(epoch FROM now() - least((SELECT min(since) FROM front),
                                                  (SELECT min(since) FROM runs))), 0)
            AS oldest_wait_seconds
 FROM stats_projection_worker_settings st

@@ -132,8 +132,8 @@ def give_back(conn: Connection, claimed: StatsClaim, stage: str, error: Database
     if in_transaction(conn):
         raise error
     sqlstate = error.sqlstate or ""
-    spent = isinstance(error, QueryCanceled) and repo.budget_spent(conn, stage, error)
     try:
+        spent = isinstance(error, QueryCanceled) and repo.budget_spent(conn, stage, error)
         return repo.give_back_run(conn, claimed, stage, sqlstate, spent)
     except TRANSIENT as again:
         return GivenBack(
