@@ -344,23 +344,33 @@ RESTORE_TIMEOUT = "SELECT set_config('statement_timeout', %(timeout)s, true)"
 
 
 def fetch_one_armed(
-    conn: Connection, arm: str, arm_params: Params, query: str, params: Params = None
+    conn: Connection, arm: str, arm_params: Mapping[str, Any], query: str, params: Params = None
 ) -> Row | None:
     """`query`'s first row, with `arm` (a statement that sets transaction-local settings,
-    such as a statement budget) run first in the same transaction: two plain statements in
-    a transaction of their own, or in a savepoint of the caller's transaction (committed
-    with the caller's). An error rolls both back and leaves the session usable."""
+    such as a statement budget) run first in the same transaction: two ordinary
+    statements. Outside a transaction they go as one message of the simple query
+    protocol, which PostgreSQL runs as one implicit transaction, committed at its end (a
+    cron command arming a budget before its call is the same message); psycopg binds the
+    values on the client, the one way to send two statements with values in one
+    message. Inside the caller's transaction they run in a savepoint and commit with the
+    caller. An error rolls both back and leaves the session usable. The two statements'
+    parameters must not share a name."""
     with translate_errors():
-        # The arm's settings are transaction-local: a released savepoint keeps them, so
-        # the caller's later statements would run under this call's budget. The caller's
-        # timeout is put back.
-        caller = conn.execute(CALLER_TIMEOUT).fetchone() if in_transaction(conn) else None
-        with conn.transaction():
-            conn.execute(arm, arm_params)
-            row = conn.execute(query, params).fetchone()
-            if caller is not None:
+        if in_transaction(conn):
+            # The arm's settings are transaction-local: a released savepoint keeps them,
+            # so the caller's later statements would run under this call's budget. The
+            # caller's timeout is put back.
+            caller = conn.execute(CALLER_TIMEOUT).fetchone()
+            with conn.transaction():
+                conn.execute(arm, arm_params)
+                row = conn.execute(query, params).fetchone()
                 conn.execute(RESTORE_TIMEOUT, caller)
-        return row
+            return row
+        values = {**arm_params, **(dict(params) if isinstance(params, Mapping) else {})}
+        with psycopg.ClientCursor(conn) as cursor:
+            cursor.execute(f"{arm.rstrip().rstrip(';')};\n{query}", values)
+            cursor.nextset()
+            return cursor.fetchone()
 
 
 def execute(conn: Connection, query: str, params: Params = None) -> int:

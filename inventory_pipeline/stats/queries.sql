@@ -4,13 +4,14 @@
 -- changes that produced them).
 
 -- name: arm_stage
--- Sent with every stage call, in the same transaction, before it: the stage's statement
--- budget from the settings row (it bounds each statement that follows in the
--- transaction), the lease token the call acts under ('' declares none; the fence checks
--- it), and whether its commit may return before its WAL is flushed.
-SELECT stats_projection_statement_budget(%(stage)s) AS budget_ms,
-       set_config('inventory.stats_lease_token', %(lease_token)s, true) AS lease_token,
-       CASE WHEN %(async_commit)s::boolean
+-- Sent with every stage call, in the same transaction and message, before it: the
+-- stage's statement budget from the settings row (it bounds the statement that follows),
+-- the lease token the call acts under ('' declares none; the fence checks it), and
+-- whether its commit may return before its WAL is flushed. Its parameters are named
+-- arm_* (they travel with the call's own).
+SELECT stats_projection_statement_budget(%(arm_stage)s) AS budget_ms,
+       set_config('inventory.stats_lease_token', %(arm_lease_token)s, true) AS lease_token,
+       CASE WHEN %(arm_async_commit)s::boolean
             THEN set_config('synchronous_commit', 'off', true) END AS async_commit;
 
 -- name: stage_budget

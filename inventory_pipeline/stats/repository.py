@@ -76,9 +76,9 @@ def arm_params(conn: Connection, stage: str, lease_token: UUID | None) -> dict[s
     what readers are told), and so does any stage inside a caller's transaction, whose
     commit is the caller's."""
     return {
-        "stage": stage,
-        "lease_token": "" if lease_token is None else str(lease_token),
-        "async_commit": stage != "publish" and not in_transaction(conn),
+        "arm_stage": stage,
+        "arm_lease_token": "" if lease_token is None else str(lease_token),
+        "arm_async_commit": stage != "publish" and not in_transaction(conn),
     }
 
 
