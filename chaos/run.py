@@ -34,6 +34,7 @@ from chaos.config import (
     API_KEY,
     AUTH_BACKLOG_AT,
     BACKLOG_AT,
+    CANCEL_AT,
     CLAIM_KILL_CHANCE,
     CLAIM_KILL_LOOKS,
     DAEMON_FIRST_ACK_SECONDS,
@@ -205,7 +206,7 @@ class Report:
             f"merges injected: {counted(self.merges)}; operator decisions:"
             f" {counted(self.reviewed)}; replacements: {self.replacements}",
             f"throttle storms, requests that reached the stand-in: {self.storms}",
-            f"longest an active library stayed dirty: {self.dirty_seconds:.1f} s"
+            f"longest an active library stayed dirty unacknowledged: {self.dirty_seconds:.1f} s"
             f" (at most {self.dirty_peak} dirty at once, acknowledged at up to"
             f" {self.ack_rate:.1f}/s)",
             f"quiescence after {self.quiesce_seconds:.1f} s (last outstanding: "
@@ -236,13 +237,13 @@ class Report:
 
 class DirtyClock(threading.Thread):
     """Samples, once a second, which active libraries are dirty, and keeps the longest
-    time one stayed active and dirty without a break (a library that goes inactive or
-    clean starts over) and the most dirty at once."""
+    time one stayed active and dirty without an acknowledgement (see `dirty_since`) and
+    the most dirty at once."""
 
     def __init__(self, url: str) -> None:
         super().__init__(daemon=True)
         self.url = url
-        self.since: dict[int, float] = {}
+        self.since: dict[int, tuple[int, float]] = {}
         self.longest = 0.0
         self.peak = 0
         self.done = threading.Event()
@@ -255,7 +256,7 @@ class DirtyClock(threading.Thread):
                     conn = connect(self.url, application_name="chaos.harness")
                 rows = fetch_all(
                     conn,
-                    "SELECT s.library_id FROM library_inventory_state s"
+                    "SELECT s.library_id, s.acknowledged_revision FROM library_inventory_state s"
                     " JOIN libraries l ON l.id = s.library_id"
                     " JOIN media_servers m ON m.id = l.server_id"
                     " WHERE l.active AND m.active AND s.revision > s.acknowledged_revision",
@@ -263,10 +264,10 @@ class DirtyClock(threading.Thread):
             except DatabaseError:
                 continue  # a restart: the episode goes on
             now = time.monotonic()
-            dirty = {int(r["library_id"]) for r in rows}
-            self.since = {lib: self.since.get(lib, now) for lib in dirty}
-            self.longest = max([self.longest, *(now - t for t in self.since.values())])
-            self.peak = max(self.peak, len(dirty))
+            dirty = {int(r["library_id"]): int(r["acknowledged_revision"]) for r in rows}
+            self.since = dirty_since(self.since, dirty, now)
+            self.longest = max([self.longest, *(now - t for _, t in self.since.values())])
+            self.peak = max(self.peak, len(rows))
         if conn is not None:
             conn.close()
 
@@ -274,6 +275,23 @@ class DirtyClock(threading.Thread):
         self.done.set()
         self.join(timeout=5)
         return self.longest
+
+
+def dirty_since(
+    since: dict[int, tuple[int, float]], dirty: dict[int, int], now: float
+) -> dict[int, tuple[int, float]]:
+    """Each dirty library (id: its acknowledged revision) with that revision and the
+    moment its wait began: the wait goes on while the library stays dirty with the same
+    acknowledged revision, and starts over when it was clean, inactive or acknowledged
+    since the last sample. A library whose every acknowledgement is overtaken by a newer
+    change (observations landing on it one by one) is making progress; one never
+    acknowledged is not."""
+    out = {}
+    for library, acknowledged in dirty.items():
+        before = since.get(library)
+        same = before is not None and before[0] == acknowledged
+        out[library] = before if before is not None and same else (acknowledged, now)
+    return out
 
 
 class FreshnessWatch(threading.Thread):
@@ -597,9 +615,9 @@ def _audit(conn: Connection) -> dict[str, int]:
 
 
 def dirty_bound(report: Report) -> float:
-    """The longest an active library may stay dirty: the flat bound, or on a machine that
-    acknowledges slower, twice the time the largest dirty set takes to drain at the
-    run's best measured rate."""
+    """The longest an active library may stay dirty unacknowledged: the flat bound, or on
+    a machine that acknowledges slower, three times the time the largest dirty set takes
+    to drain at the run's best measured rate (config.DIRTY_DRAIN_MARGIN says why)."""
     if report.ack_rate <= 0:
         return MAX_DIRTY_SECONDS
     return max(MAX_DIRTY_SECONDS, DIRTY_DRAIN_MARGIN * report.dirty_peak / report.ack_rate)
@@ -634,7 +652,7 @@ def bounds(report: Report) -> list[str]:
     audit = report.audit
     if report.dirty_seconds > dirty_bound(report):
         out.append(
-            f"an active library stayed dirty {report.dirty_seconds:.0f} s (bound"
+            f"an active library stayed dirty unacknowledged {report.dirty_seconds:.0f} s (bound"
             f" {dirty_bound(report):.0f} s: {report.dirty_peak} dirty at most, acknowledged"
             f" at up to {report.ack_rate:.1f}/s)"
         )
@@ -846,6 +864,7 @@ def _chaos(
     auth_backlog = int(total * AUTH_BACKLOG_AT)
     squeeze, rebuild = int(total * SQUEEZE_AT), int(total * REBUILD_AT)
     lock_waits = {int(total * at) for at in PUBLICATION_LOCK_WAIT_AT}
+    cancel = int(total * CANCEL_AT)
     empty_user = int(total * EMPTY_USER_AT)
     merge_batches = {int(total * at) for at in MERGE_AT}
     owed_at = int(total * FAULTS_OWED_AT)
@@ -872,6 +891,8 @@ def _chaos(
                     "publication_lock_wait",
                     functools.partial(workload.publication_lock_wait, op == min(lock_waits)),
                 )
+            if op == cancel:
+                workload.apply("cancel_stage", workload.cancel_stage)
             if op == rebuild:
                 workload.apply("rebuild_everyone", workload.rebuild_everyone)
             if op == empty_user:

@@ -187,6 +187,8 @@ class Workload:
     app: Connection | None = None
     squeeze_hold: Connection | None = None  # holds the private output tables in a squeeze
     rebuild: threading.Thread | None = None
+    lock_wait_holds: dict[uuid.UUID, threading.Thread] = field(default_factory=dict)
+    canceller: threading.Thread | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Merges at the stand-in: the records folded so far, and what the operator decided.
     merged: set[tuple[str, int]] = field(default_factory=set)
@@ -801,18 +803,44 @@ class Workload:
         transactions), then an application transaction holds the user's state row: the
         user's publication waits for it and is cancelled by an operator, or runs out of
         its budget (`cancel` None: either). The call ends either way and its run must be
-        given back."""
-        app = self._app()
-        if app is None or not self.large_users:
+        given back. The hold runs beside the operations, on connections of its own: it
+        lasts seconds, and a paused schedule would catch up in a burst of writes."""
+        if self.reconnect is None:
             return
-        user = self.rng.choice(self.large_users)
+        if self.squeeze_left:  # no compute would get to its publication
+            self.apply("restore_budget", self.restore_budget)
+        held = {user for user, thread in self.lock_wait_holds.items() if thread.is_alive()}
+        users = [user for user in self.large_users if user not in held]
+        if not users:
+            return
+        user = self.rng.choice(users)
         self.save_large(user, everything=True)
         cancel = self.rng.random() < 0.5 if cancel is None else cancel
-        budget = STATS_SETTINGS["publish_budget_ms"] / 1000
-        # The transaction begins once the user's job is claimed: a save's enqueue holds
-        # the pending job it merges into, and a claim passes such a user by.
+        reconnect = self.reconnect
+
+        def hold() -> None:
+            try:
+                with reconnect() as watch, reconnect() as app:
+                    self._hold_state_row(watch, app, user, cancel)
+            except DatabaseError as exc:
+                self._refused("publication_lock_wait", exc)
+
+        thread = threading.Thread(target=hold, name="chaos-lock-wait", daemon=True)
+        self.lock_wait_holds[user] = thread
+        thread.start()
+
+    def _holding(self) -> bool:
+        return any(thread.is_alive() for thread in self.lock_wait_holds.values())
+
+    def _hold_state_row(
+        self, watch: Connection, app: Connection, user: uuid.UUID, cancel: bool
+    ) -> None:
+        """Once the user's job is claimed (a save's enqueue holds the pending job it
+        merges into, and a claim passes such a user by), `app` holds the user's state row
+        until the publication that waits for it is cancelled from `watch` or has waited
+        past its whole budget."""
         deadline = time.monotonic() + LOCK_WAIT_LOOK_SECONDS
-        while fetch_one(self.conn, CLAIMED, (user,)) is None:
+        while fetch_one(watch, CLAIMED, (user,)) is None:
             if time.monotonic() >= deadline:
                 return
             time.sleep(0.01)
@@ -821,15 +849,16 @@ class Workload:
             execute(app, "SELECT request_stats_refresh(%s, NULL, '{}', 'chaos import')", (user,))
             deadline = time.monotonic() + LOCK_WAIT_LOOK_SECONDS
             while time.monotonic() < deadline:
-                waiting = fetch_one(self.conn, WAITING_PUBLICATION, (app.info.backend_pid,))
+                waiting = fetch_one(watch, WAITING_PUBLICATION, (app.info.backend_pid,))
                 if waiting is not None:
                     if cancel:
-                        execute(self.conn, "SELECT pg_cancel_backend(%s)", (waiting["pid"],))
-                        self.lock_waits["cancelled"] += 1
-                        self.cancels["publish"] += 1
+                        execute(watch, "SELECT pg_cancel_backend(%s)", (waiting["pid"],))
                     else:  # held past the publication's whole budget
-                        time.sleep(budget + 0.3)
-                        self.lock_waits["timed out"] += 1
+                        time.sleep(STATS_SETTINGS["publish_budget_ms"] / 1000 + 0.3)
+                    with self.lock:
+                        self.lock_waits["cancelled" if cancel else "timed out"] += 1
+                        if cancel:
+                            self.cancels["publish"] += 1
                     return
                 time.sleep(0.02)
         finally:
@@ -838,15 +867,29 @@ class Workload:
     def cancel_stage(self) -> None:
         """An operator cancels a stats worker's stage call in flight (pg_cancel_backend),
         whichever statement it is in: a claim is made again, a compute or publication is
-        given back."""
-        deadline = time.monotonic() + CANCEL_LOOK_SECONDS
-        while time.monotonic() < deadline:
-            found = fetch_one(self.conn, STAGE_IN_FLIGHT)
-            if found is not None:
-                execute(self.conn, "SELECT pg_cancel_backend(%s)", (found["pid"],))
-                self.cancels[found["stage"]] += 1
-                return
-            time.sleep(0.005)
+        given back. A stage lasts milliseconds, so the operator watches for one beside
+        the operations, on a connection of its own, for a while (one watch at a time)."""
+        if self.reconnect is None or (self.canceller is not None and self.canceller.is_alive()):
+            return
+        reconnect = self.reconnect
+
+        def watch() -> None:
+            try:
+                with reconnect() as conn:
+                    deadline = time.monotonic() + CANCEL_LOOK_SECONDS
+                    while time.monotonic() < deadline:
+                        found = fetch_one(conn, STAGE_IN_FLIGHT)
+                        if found is not None:
+                            execute(conn, "SELECT pg_cancel_backend(%s)", (found["pid"],))
+                            with self.lock:
+                                self.cancels[found["stage"]] += 1
+                            return
+                        time.sleep(0.005)
+            except DatabaseError as exc:
+                self._refused("cancel_stage", exc)
+
+        self.canceller = threading.Thread(target=watch, name="chaos-cancel", daemon=True)
+        self.canceller.start()
 
     def scoped_process(self) -> None:
         """The application publishes one user's stats at once, in its own process."""
@@ -890,8 +933,9 @@ class Workload:
         also holds the exercise projection a compute reads and a publication replaces,
         so every compute and publication runs out of its budget while it lasts, as every
         compute did under the former 1 ms budget; recording the failure needs no lock it
-        holds."""
-        if self.squeeze_left:
+        holds. Not while a publication waits for a held state row: no publication
+        would come to wait."""
+        if self.squeeze_left or self._holding():
             return
         attempts = self.rng.choice(SQUEEZED_ATTEMPTS)
         drawn = self.rng.choice((SQUEEZED_COMPUTE_BUDGET_MS, STATS_SETTINGS["compute_budget_ms"]))
@@ -1157,6 +1201,9 @@ class Workload:
         self.standin.clear_fault()
         if self.rebuild is not None:
             self.rebuild.join()
+        for thread in [*self.lock_wait_holds.values(), self.canceller]:
+            if thread is not None:
+                thread.join()
         if self.writer is not None:
             self.writer.close()
         if self.app is not None:

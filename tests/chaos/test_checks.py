@@ -37,6 +37,7 @@ from chaos.run import (
     best_ack_rate,
     bounds,
     dirty_bound,
+    dirty_since,
     drawn,
     judge_errors,
     unexercised,
@@ -224,9 +225,21 @@ def test_the_dirty_bound_follows_the_measured_acknowledgement_rate() -> None:
     starved.dirty_seconds, starved.dirty_peak, starved.ack_rate = 213.0, 450, 20.0
     assert dirty_bound(starved) == MAX_DIRTY_SECONDS
     assert bounds(starved) == [
-        "an active library stayed dirty 213 s (bound 180 s: 450 dirty at most, acknowledged"
-        " at up to 20.0/s)"
+        "an active library stayed dirty unacknowledged 213 s (bound 180 s: 450 dirty at most,"
+        " acknowledged at up to 20.0/s)"
     ]
+
+
+def test_a_dirty_library_waits_until_it_is_acknowledged() -> None:
+    """The dirty clock of a library restarts when it is acknowledged, though a newer
+    change keeps it dirty (observations landing on it one by one), or when it was clean;
+    a library never acknowledged keeps its first moment."""
+    since = dirty_since({}, {1: 3, 2: 5}, now=10.0)
+    since = dirty_since(since, {1: 3, 2: 6}, now=20.0)  # 2 acknowledged, still dirty
+    assert since == {1: (3, 10.0), 2: (6, 20.0)}
+    since = dirty_since(since, {2: 6}, now=30.0)  # 1 clean
+    since = dirty_since(since, {1: 3, 2: 6}, now=40.0)  # 1 dirty again
+    assert since == {1: (3, 40.0), 2: (6, 20.0)}
 
 
 def test_the_ack_rate_is_the_best_window_of_the_run(conn: Connection) -> None:
