@@ -406,7 +406,9 @@ def _parser() -> argparse.ArgumentParser:
         ],
         _tmdb_key,
     )
-    key.add_argument("--language", type=_language, help="TMDb language, e.g. en-US")
+    key.add_argument(
+        "--language", type=_language, help="TMDb language, e.g. en-US (default: the saved one)"
+    )
     key.add_argument("--inactive", action="store_true", help="save it but keep it inactive")
     _stats_parser(sub)
     _proposals_parser(sub)

@@ -2,7 +2,8 @@
 
 Accepts delay-seconds and the three HTTP-date forms (IMF-fixdate, obsolete RFC 850
 and asctime); a date without a zone is UTC; a past date clamps to zero. Negative,
-fractional, garbage and absurdly large values are rejected or capped. Parsing never
+fractional and garbage values are rejected; a delay of any length, and a date however
+far, is capped. Parsing never
 raises: anything unusable is None. Only the resulting number of seconds is kept.
 """
 
@@ -12,7 +13,8 @@ import re
 from datetime import UTC, datetime
 
 MAX_RETRY_AFTER_SECONDS = 7 * 24 * 3600
-_DELAY = re.compile(r"^[0-9]{1,12}$")
+_DELAY = re.compile(r"^[0-9]+$")
+_DELAY_DIGITS = 12  # more digits than this is over any cap: not converted
 _FORMATS = (
     "%a, %d %b %Y %H:%M:%S GMT",  # IMF-fixdate
     "%A, %d-%b-%y %H:%M:%S GMT",  # obsolete RFC 850
@@ -32,10 +34,10 @@ def parse_retry_after(
         if value is None:
             return None
         text = value.strip()
+        if text.isascii() and _DELAY.match(text):
+            return cap_seconds if len(text) > _DELAY_DIGITS else min(int(text), cap_seconds)
         if not text or len(text) > _MAX_HEADER_LENGTH or not text.isascii():
             return None
-        if _DELAY.match(text):
-            return min(int(text), cap_seconds)
         if text[0] in "+-" or text.replace(".", "", 1).isdigit():
             return None  # signed or fractional delay-seconds are not valid
         moment = _parse_date(text)

@@ -5,8 +5,10 @@ SELECT api_key, active, language, credential_generation FROM provider_settings
 WHERE provider = 'tmdb';
 
 -- name: save_provider_settings
+-- A language left out (NULL) keeps the saved one: a new key alone changes the key alone.
 UPDATE provider_settings
-SET api_key = %(api_key)s, active = %(active)s, language = %(language)s, updated_at = now()
+SET api_key = %(api_key)s, active = %(active)s, language = coalesce(%(language)s, language),
+    updated_at = now()
 WHERE provider = 'tmdb';
 
 -- name: due_items

@@ -179,6 +179,25 @@ def test_hostile_key_is_saved_verbatim(db_url: str) -> None:
     assert row == {"api_key": hostile, "language": "fr-FR", "active": True}
 
 
+def test_a_new_key_without_a_language_keeps_the_saved_one(db_url: str) -> None:
+    """Rotating the key alone changes the key alone."""
+    from inventory_pipeline.db import connect, fetch_one
+
+    for key, options in (("first-key", ["--language", "fr-FR"]), ("second-key", [])):
+        saved = subprocess.run(
+            [sys.executable, "-m", "inventory_pipeline.cli", "tmdb-key", *options],
+            input=key + "\n",
+            env={**os.environ, "INVENTORY_DATABASE_URL": db_url},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert saved.returncode == 0, saved.stderr
+    with connect(db_url) as conn:
+        row = fetch_one(conn, "SELECT api_key, language FROM provider_settings")
+    assert row == {"api_key": "second-key", "language": "fr-FR"}
+
+
 @pytest.fixture
 def empty_url(server_url: str) -> Iterator[str]:
     """A database nothing has migrated."""
