@@ -70,7 +70,7 @@ def test_retry_after_dates_over_http(standin: StandIn, client: TmdbClient, form:
         ("1e9", None),
         ("Thu, 01 Jan 1970 00:00:00 GMT", 0),  # a past date: retry now, no negative wait
         ("soon", None),
-        ("9" * 200, None),
+        pytest.param("9" * 200, MAX_RETRY_AFTER_SECONDS, id="200 digits: capped"),
     ],
 )
 def test_retry_after_values_over_http(
