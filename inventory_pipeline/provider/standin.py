@@ -27,7 +27,11 @@ Faults: status (any HTTP status, TMDb error body), throttle (429 + Retry-After),
 slow (delay seconds), drip (body a byte at a time), drip_headers (status line and
 headers a byte at a time, then a valid configuration body), truncate (promise more than is
 sent, then hang up mid-body), close (hang up without answering), oversize (a body over
-64 KiB), gzip_bomb (a small gzip body that decodes to megabytes), garbage (not JSON),
+64 KiB), gzip_bomb (a small gzip body that decodes to megabytes), encoded (a 200 whose
+body, the given text or `size` spaces, is coded by each of `encoding` in turn and sent
+with that Content-Encoding: gzip and deflate code it, any other name only labels it;
+`gzip, gzip` over a few hundred MiB of spaces is a nested bomb of a few KiB; `cut`
+bytes fewer sent), garbage (not JSON),
 cut_json (a complete response whose JSON is cut short), missing (a 200 without required
 fields), body (a 200 with the given text, verbatim).
 It binds to loopback only and never logs request lines (they carry the key).
@@ -35,13 +39,16 @@ It binds to loopback only and never logs request lines (they carry the key).
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import random
 import socket
 import threading
 import time
+import zlib
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -146,6 +153,9 @@ class Fault:
     delay: float = 0.0
     ids: frozenset[int] | None = None
     body: str | None = None  # the "body" fault's verbatim 200 response
+    encoding: tuple[str, ...] = ()  # the "encoded" fault's codings, first applied first
+    size: int = 0  # the "encoded" fault's body of spaces, when no body is given
+    cut: int = 0  # the "encoded" fault's payload sent without its last `cut` bytes
 
     def applies(self, tmdb_id: int | None) -> bool:
         return self.ids is None or (tmdb_id is not None and tmdb_id in self.ids)
@@ -259,6 +269,27 @@ class StandInState:
         return {**results, "person_results": [], "tv_episode_results": [], "tv_season_results": []}
 
 
+CODERS = {"gzip": 31, "x-gzip": 31, "deflate": 15}  # zlib's wbits for each coding
+MIB = 1 << 20
+
+
+@functools.lru_cache(maxsize=8)
+def encoded(encoding: tuple[str, ...], size: int, body: str | None) -> bytes:
+    """The "encoded" fault's payload: `body` (or `size` spaces, coded a MiB at a time so
+    that a bomb never exists decoded) coded by each of `encoding` in turn."""
+    chunks: Iterable[bytes] = (
+        [body.encode()]
+        if body is not None
+        else (b" " * min(MIB, size - start) for start in range(0, size, MIB))
+    )
+    for name in encoding:
+        wbits = CODERS.get(name)
+        if wbits is not None:
+            coder = zlib.compressobj(9, zlib.DEFLATED, wbits)
+            chunks = [*(coder.compress(chunk) for chunk in chunks), coder.flush()]
+    return b"".join(chunks)
+
+
 def _set_available(state: StandInState, key: tuple[str, int], available: bool) -> None:
     with state.lock:
         if available:
@@ -309,6 +340,10 @@ class _Handler(BaseHTTPRequestHandler):
                     retry_after=body.get("retry_after"),
                     delay=float(body.get("delay", 0)),
                     ids=frozenset(int(i) for i in ids) if ids is not None else None,
+                    body=body.get("body"),
+                    encoding=tuple(str(e) for e in body.get("encoding") or ()),
+                    size=int(body.get("size", 0)),
+                    cut=int(body.get("cut", 0)),
                 )
             self._json(200, {"ok": True})
         elif path == "/__standin/catalog":
@@ -439,6 +474,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
             self.wfile.write(payload)
+        elif fault.fault == "encoded":
+            payload = encoded(fault.encoding, fault.size, fault.body)
+            self._send(
+                200,
+                payload[: len(payload) - fault.cut],
+                {"Content-Encoding": ", ".join(fault.encoding)},
+            )
         elif fault.fault == "truncate":
             self.send_response(200)
             self.send_header("Content-Length", "5000")

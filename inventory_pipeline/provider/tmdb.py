@@ -11,12 +11,19 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TypeVar
 from urllib.parse import urlsplit
 
 import httpx
 
+from inventory_pipeline.provider.body import (
+    ACCEPT_ENCODING,
+    BodyTooLarge,
+    DeadlineExceeded,
+    Undecodable,
+    read_limited,
+)
 from inventory_pipeline.provider.models import (
     ExternalSource,
     Failure,
@@ -67,14 +74,6 @@ class ProviderConfigError(ValueError):
     """The provider base URL is invalid."""
 
 
-class BodyTooLarge(Exception):
-    """The decoded response body is over the limit."""
-
-
-class DeadlineExceeded(Exception):
-    """The whole request took longer than its deadline."""
-
-
 def validate_base_url(base_url: str) -> str:
     parts = urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
@@ -87,19 +86,6 @@ def validate_base_url(base_url: str) -> str:
             f"TMDb base URL must be http(s)://host[:port][/path], got {shown!r}"
         )
     return base_url.rstrip("/")
-
-
-def read_limited(chunks: Iterator[bytes], limit: int, deadline: float) -> bytes:
-    """Collect decoded bytes, refusing bodies over `limit` (gzip bombs included) and
-    bodies still arriving at `deadline` (a slow drip defeats per-read timeouts)."""
-    body = bytearray()
-    for chunk in chunks:
-        body += chunk
-        if len(body) > limit:
-            raise BodyTooLarge
-        if time.monotonic() > deadline:
-            raise DeadlineExceeded
-    return bytes(body)
 
 
 def status_cause(status: int) -> str:
@@ -168,7 +154,7 @@ class TmdbClient:
             timeout=httpx.Timeout(timeout_seconds),
             transport=transport or DeadlineTransport(),
             follow_redirects=False,
-            headers={"Accept": "application/json"},
+            headers={"Accept": "application/json", "Accept-Encoding": ACCEPT_ENCODING},
         )
 
     def close(self) -> None:
@@ -202,15 +188,20 @@ class TmdbClient:
                 request_deadline(self.timeout_seconds),
                 self._client.stream("GET", path, params=params) as response,
             ):
-                raw = read_limited(response.iter_bytes(), limit or self.max_body_bytes, deadline)
+                raw = read_limited(
+                    response.iter_raw(),
+                    response.headers.get_list("content-encoding", split_commas=True),
+                    limit or self.max_body_bytes,
+                    deadline,
+                )
                 retry_after = parse_retry_after(
                     response.headers.get("retry-after"), cap_seconds=retry_after_cap_seconds
                 )
                 return response.status_code, raw, retry_after
         except BodyTooLarge:
             return Failure("invalid_response", cause="body too large")
-        except httpx.DecodingError:
-            return Failure("invalid_response", cause="undecodable body")
+        except Undecodable as exc:
+            return Failure("invalid_response", cause=str(exc))
         except (httpx.TimeoutException, DeadlineExceeded):
             return Failure("transient", cause="timeout")
         except httpx.HTTPError:

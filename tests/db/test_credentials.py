@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import tracemalloc
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from uuid import uuid4
@@ -19,7 +20,7 @@ from inventory_pipeline.db import (
     fetch_all,
     fetch_one,
 )
-from inventory_pipeline.provider.standin import StandIn
+from inventory_pipeline.provider.standin import StandIn, encoded
 from inventory_pipeline.provider.tmdb import TmdbClient
 from inventory_pipeline.recovery import service as recovery
 from inventory_pipeline.recovery.policy import RetryPolicy
@@ -274,6 +275,30 @@ def test_bad_configuration_answers_do_not_verify(
     result = service.verify(conn, client)
     assert result is not None and result.outcome in ("invalid_response", "transient")
     assert wakeup(conn)["verified_generation"] is None
+
+
+def test_a_nested_gzip_bomb_is_a_recorded_invalid_answer(
+    conn: Connection, client: TmdbClient, standin: StandIn
+) -> None:
+    """A configuration answer of a few hundred bytes that decodes to 256 MiB (gzip inside
+    gzip): refused within the body limit, recorded as an invalid answer with its backoff,
+    and the probe lease given back."""
+    save(conn, TMDB_TEST_KEY)
+    f.auth_cases(conn, f.library(conn), 1)
+    standin.set_fault("encoded", encoding=("gzip", "gzip"), size=256 * 1024 * 1024)
+    encoded(("gzip", "gzip"), 256 * 1024 * 1024, None)  # coded before the measurement
+    tracemalloc.start()
+    try:
+        result = service.verify(conn, client)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 1024 * 1024, f"{peak / 2**20:.0f} MiB held"
+    assert result is not None and result.outcome == "invalid_response"
+    row = wakeup(conn)
+    assert (row["verified_generation"], row["probe_lease_token"]) == (None, None)
+    assert (row["last_outcome"], row["probe_failures"]) == ("invalid_response", 1)
+    assert row["next_probe_at"] is not None
 
 
 def released(conn: Connection) -> list[int]:

@@ -1,0 +1,109 @@
+"""Coded answers over loopback: a body is decoded within its limit and a few MiB of
+memory whatever its Content-Encoding stack says, and every answer ends in a category."""
+
+from __future__ import annotations
+
+import json
+import time
+import tracemalloc
+from collections.abc import Iterator
+
+import pytest
+
+from inventory_pipeline.provider.body import Undecodable, read_limited
+from inventory_pipeline.provider.models import Failure, Observation
+from inventory_pipeline.provider.standin import StandIn, encoded, record
+from inventory_pipeline.provider.tmdb import TmdbClient
+from tests.conftest import TMDB_TEST_KEY
+
+KEY = TMDB_TEST_KEY
+MIB = 1 << 20
+# A few MiB for the whole request: the client, the stand-in's thread, the pieces.
+PEAK_BYTES = 4 * MIB
+
+
+def _peak(standin: StandIn, client: TmdbClient) -> tuple[Observation | Failure, int]:
+    """The answer to one fetch, and the most memory Python held during it."""
+    tracemalloc.start()
+    try:
+        result = client.fetch("movie", 11, KEY)
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.fixture
+def bombs() -> Iterator[None]:
+    """The bombs coded before any measurement (each a few hundred bytes once coded)."""
+    for encoding, size in (
+        (("gzip", "gzip"), 256 * MIB),
+        (("gzip",), 64 * MIB),
+        (("deflate", "gzip"), 256 * MIB),
+    ):
+        encoded(encoding, size, None)
+    yield
+
+
+@pytest.mark.parametrize(
+    ("encoding", "size"),
+    [
+        pytest.param(("gzip", "gzip"), 256 * MIB, id="gzip, gzip: 256 MiB"),
+        pytest.param(("gzip",), 64 * MIB, id="gzip: 64 MiB"),
+        pytest.param(("deflate", "gzip"), 256 * MIB, id="deflate, gzip: 256 MiB"),
+    ],
+)
+def test_a_bomb_is_refused_within_a_few_mib(
+    standin: StandIn, client: TmdbClient, bombs: None, encoding: tuple[str, ...], size: int
+) -> None:
+    standin.set_fault("encoded", encoding=encoding, size=size)
+    result, peak = _peak(standin, client)
+    assert result == Failure("invalid_response", cause="body too large")
+    assert peak < PEAK_BYTES, (
+        f"{peak / MIB:.1f} MiB held decoding {len(encoded(encoding, size, None))} bytes"
+    )
+
+
+@pytest.mark.parametrize(
+    "encoding",
+    [
+        (),
+        ("identity",),
+        ("gzip",),
+        ("x-gzip",),
+        ("deflate",),
+        ("gzip", "gzip"),
+        ("deflate", "gzip", "gzip"),
+    ],
+)
+def test_a_coded_record_is_read(
+    standin: StandIn, client: TmdbClient, encoding: tuple[str, ...]
+) -> None:
+    standin.set_fault("encoded", encoding=encoding, body=json.dumps(record("movie", 11)))
+    result = client.fetch("movie", 11, KEY)
+    assert isinstance(result, Observation) and result.tmdb_id == 11
+
+
+@pytest.mark.parametrize(
+    ("encoding", "cause"),
+    [
+        (("br",), "content encoding not asked for"),
+        (("gzip", "zstd"), "content encoding not asked for"),
+        (("gzip",) * 4, "too many content encodings"),
+    ],
+)
+def test_a_coding_not_asked_for_is_refused_unread(
+    standin: StandIn, client: TmdbClient, encoding: tuple[str, ...], cause: str
+) -> None:
+    standin.set_fault("encoded", encoding=encoding, body=json.dumps(record("movie", 11)))
+    assert client.fetch("movie", 11, KEY) == Failure("invalid_response", cause=cause)
+
+
+def test_a_coded_body_cut_short_is_invalid(standin: StandIn, client: TmdbClient) -> None:
+    standin.set_fault("encoded", encoding=("gzip",), body=json.dumps(record("movie", 11)), cut=12)
+    assert client.fetch("movie", 11, KEY) == Failure("invalid_response", cause="body cut short")
+
+
+@pytest.mark.parametrize("encoding", [["gzip"], ["deflate"], ["gzip", "deflate"]])
+def test_a_garbled_coded_body_is_undecodable(encoding: list[str]) -> None:
+    with pytest.raises(Undecodable, match=r"^undecodable body$"):
+        read_limited([b"not coded at all"], encoding, MIB, time.monotonic() + 5)
