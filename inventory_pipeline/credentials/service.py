@@ -10,7 +10,6 @@ successful observation resolves a case.
 
 from __future__ import annotations
 
-import math
 import random
 from uuid import uuid4
 
@@ -100,14 +99,15 @@ def probe(
 ) -> tuple[ProbeOutcome, int | None] | ProbeNotSent:
     """Check the key against the fixed configuration endpoint, outside any transaction.
     Provider text is discarded: only an outcome and a bounded Retry-After remain. A
-    throttling answer pauses admission for every process; when admission is already
-    paused the probe is not sent and waits out the pause as if throttled itself. When no
-    admission comes within PROBE_ADMISSION_SECONDS, or the lease ran out meanwhile, the
-    probe is not sent at all (`give_back_probe`)."""
+    throttling answer pauses admission for every process. When admission is paused
+    (another process's 429 since the claim), no admission comes within
+    PROBE_ADMISSION_SECONDS, or the lease ran out meanwhile, the probe is not sent at
+    all (`give_back_probe`): nothing was verified, so nothing is a failed verification;
+    it waits for the pause alone."""
     try:
         admission.acquire(conn, timeout_seconds=PROBE_ADMISSION_SECONDS)
-    except admission.AdmissionPaused as paused:
-        return "throttled", math.ceil(paused.seconds)
+    except admission.AdmissionPaused:
+        return ProbeNotSent(claim.generation, "admission is paused by the provider's throttling")
     except admission.AdmissionTimeout:
         return ProbeNotSent(claim.generation, "no admission in time")
     if not repository.probe_lease_held(conn, claim.lease_token):

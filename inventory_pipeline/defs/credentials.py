@@ -24,6 +24,7 @@ from inventory_pipeline.defs.resources import (
 )
 from inventory_pipeline.defs.sources import CREDENTIALS_GROUP
 from inventory_pipeline.defs.ticks import cursor_state, logged
+from inventory_pipeline.recovery import service as recovery
 
 WAKEUP_QUEUE = "credential_wakeup"
 CREDENTIAL = dg.AssetKey("tmdb_credential")
@@ -143,8 +144,8 @@ credential_wakeup = dg.define_asset_job(
     minimum_interval_seconds=60,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="When authentication cases exist and the current key generation is "
-    "unverified (and may be probed) or verified with cases left to release, and no "
-    "wakeup run is already queued or running.",
+    "unverified (and may be probed: admission is not paused by throttling) or verified "
+    "with cases left to release, and no wakeup run is already queued or running.",
 )
 @logged
 def credential_wakeup_sensor(
@@ -155,12 +156,20 @@ def credential_wakeup_sensor(
     stands, including why a key nobody needed to probe is unverified."""
     with inventory_db.connection() as conn:
         status = service.status(conn)
+        wants_probe_only = status is not None and status.wants_probe and not status.wants_release
+        paused = recovery.admission_paused_seconds(conn) if wants_probe_only else 0.0
     state = cursor_state(context.cursor, "launches")
     if status is None or status.auth_cases == 0:
         skip = "no authentication cases"
     elif not (status.wants_probe or status.wants_release):
         skip = f"generation {short(status.generation)}: " + (
             "verified, nothing to release now" if status.verified else "probe not due"
+        )
+    elif paused > 0:
+        # No probe is sent while the provider's throttling pauses admission.
+        skip = (
+            f"generation {short(status.generation)}: probe due; admission paused for"
+            f" {paused:.0f} s after TMDb throttled"
         )
     elif run_in_flight(context.instance, credential_wakeup.name):
         # A stuck or queued run would only have launches stack up behind it.

@@ -59,6 +59,24 @@ def test_sensor_launches_verification_then_release(
     assert isinstance(wake_defs.credential_wakeup_sensor(context), dg.RunRequest)
 
 
+def test_sensor_launches_no_probe_while_admission_is_paused(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    """A probe could not be sent during the fleet's pause: the tick says why instead of
+    launching a run that would report `not needed`; once the pause ends, it launches."""
+    db = InventoryDatabase(url=db_url)
+    context = dg.build_sensor_context(instance=instance, resources={"inventory_db": db})
+    f.provider_key(conn, TMDB_TEST_KEY)
+    f.auth_cases(conn, f.library(conn), 3)
+    execute(conn, "UPDATE provider_admission SET paused_until = now() + interval '1 hour'")
+    answer = wake_defs.credential_wakeup_sensor(context)
+    assert skipped(answer)
+    reason = answer.skip_reason if isinstance(answer, dg.SensorResult) else answer
+    assert "admission paused for" in str(reason)
+    execute(conn, "UPDATE provider_admission SET paused_until = now() - interval '1 s'")
+    assert isinstance(wake_defs.credential_wakeup_sensor(context), dg.RunRequest)
+
+
 WRONG_KEY = "wrong-key-3c0ffee1d2"
 
 

@@ -207,6 +207,30 @@ def test_a_probe_without_admission_in_time_is_not_sent_and_earns_nothing(
     assert row["next_probe_at"] is None
 
 
+def test_a_probe_the_fleet_pause_refused_is_not_sent_and_earns_nothing(
+    conn: Connection, client: TmdbClient, standin: StandIn
+) -> None:
+    """A 429 elsewhere pauses admission after the probe was claimed: the probe is not
+    sent, so nothing was verified: no outcome, no failure, no backoff; it waits for the
+    pause alone and then verifies."""
+    save(conn, TMDB_TEST_KEY)
+    f.auth_cases(conn, f.library(conn), 1)
+    claim = service.claim_probe(conn)
+    assert claim is not None
+    execute(conn, "UPDATE provider_admission SET paused_until = now() + interval '5 s'")
+    sent = len(standin.state.paths)
+    probed = service.probe(conn, claim, client)
+    assert isinstance(probed, ProbeNotSent), probed
+    service.give_back_probe(conn, claim)
+    assert len(standin.state.paths) == sent
+    row = wakeup(conn)
+    assert (row["probe_lease_token"], row["last_outcome"], row["probe_failures"]) == (None, None, 0)
+    assert (row["next_probe_at"], row["throttled_until"]) == (None, None)
+    assert service.verify(conn, client) is None  # the pause holds: nothing claimed
+    execute(conn, "UPDATE provider_admission SET paused_until = now() - interval '1s'")
+    verified(conn, client)
+
+
 def test_a_probe_whose_lease_ran_out_during_admission_is_not_sent(
     conn: Connection, client: TmdbClient, standin: StandIn
 ) -> None:
