@@ -31,7 +31,7 @@ sent, then hang up mid-body), close (hang up without answering), oversize (a bod
 body, the given text or `size` spaces, is coded by each of `encoding` in turn and sent
 with that Content-Encoding: gzip and deflate code it, any other name only labels it;
 `gzip, gzip` over a few hundred MiB of spaces is a nested bomb of a few KiB; `cut`
-bytes fewer sent), garbage (not JSON),
+bytes fewer sent), echo_key (a record with the request's key in a header), garbage (not JSON),
 cut_json (a complete response whose JSON is cut short), missing (a 200 without required
 fields), body (a 200 with the given text, verbatim).
 It binds to loopback only and never logs request lines (they carry the key).
@@ -481,6 +481,9 @@ class _Handler(BaseHTTPRequestHandler):
                 payload[: len(payload) - fault.cut],
                 {"Content-Encoding": ", ".join(fault.encoding)},
             )
+        elif fault.fault == "echo_key":
+            key = parse_qs(urlsplit(self.path).query).get("api_key", [""])[0]
+            self._json(200, record("movie", 1), {"X-Echo": f"your key is {key}"})
         elif fault.fault == "truncate":
             self.send_response(200)
             self.send_header("Content-Length", "5000")

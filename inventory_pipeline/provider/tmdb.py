@@ -50,11 +50,17 @@ AUTH_CODES = frozenset({3, 7, 10})
 THROTTLED_CODES = frozenset({25})
 
 _KEY = re.compile(r"(api_key=)[^&\s\"']+", re.IGNORECASE)
+# Every key this process has sent: hidden wherever it appears in a log line, a header a
+# server echoed included. Keys are few (one per rotation), and short strings.
+_SENT_KEYS: set[str] = set()
 
 
 def redact(text: str) -> str:
-    """Hide an API key carried in a URL query string."""
-    return _KEY.sub(r"\1***", text)
+    """Hide an API key carried in a URL query string, and every key this process sent."""
+    text = _KEY.sub(r"\1***", text)
+    for key in _SENT_KEYS.copy():
+        text = text.replace(key, "***")
+    return text
 
 
 class _RedactKeys(logging.Filter):
@@ -64,10 +70,23 @@ class _RedactKeys(logging.Filter):
         return True
 
 
-for _name in ("httpx", "httpcore"):
+# httpx's and httpcore's loggers and their children (httpcore writes its trace, headers
+# included, to `httpcore.http11`, `httpcore.connection`, ...): a logger's filter does not
+# see the records of its children, so each gets the filter, and stays at WARNING unless
+# an operator turns it up.
+_REDACT = _RedactKeys()
+for _name in (
+    "httpx",
+    "httpcore",
+    *(f"httpcore.{child}" for child in ("connection", "connection_pool", "http11", "http2")),
+    *(f"httpcore.{child}" for child in ("proxy", "socks")),
+    *(n for n in list(logging.root.manager.loggerDict) if n.startswith(("httpx.", "httpcore."))),
+):
     _logger = logging.getLogger(_name)
-    _logger.setLevel(logging.WARNING)
-    _logger.addFilter(_RedactKeys())
+    if _name in ("httpx", "httpcore"):
+        _logger.setLevel(logging.WARNING)
+    if _REDACT not in _logger.filters:
+        _logger.addFilter(_REDACT)
 
 
 class ProviderConfigError(ValueError):
@@ -179,6 +198,7 @@ class TmdbClient:
         bounded Retry-After) or a transport Failure."""
         if not api_key:
             return Failure("configuration", cause="no key")
+        _SENT_KEYS.add(api_key)
         params = {**(query or {}), "api_key": api_key}
         if language:
             params["language"] = language

@@ -107,3 +107,19 @@ def test_key_never_in_logs(
     assert redact(f"GET /3/movie/1?api_key={KEY}&language=en") == (
         "GET /3/movie/1?api_key=***&language=en"
     )
+
+
+def test_key_never_in_httpx_or_httpcore_debug_logs(
+    standin: StandIn, client: TmdbClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An operator who turns httpx's and httpcore's own loggers up to DEBUG sees every
+    trace line (their child loggers' included, where headers are written) without the
+    key, though the server echoes it in a header."""
+    for name in ("httpx", "httpcore"):
+        caplog.set_level(logging.DEBUG, logger=name)
+    standin.set_fault("echo_key")
+    client.fetch("movie", 11, KEY)
+    standin.clear_fault()
+    client.fetch("movie", 11, KEY)
+    assert "receive_response_headers" in caplog.text  # the trace lines were written
+    assert "X-Echo" in caplog.text and KEY not in caplog.text
