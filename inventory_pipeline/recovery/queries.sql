@@ -310,6 +310,20 @@ WHERE id = %(item_id)s
   AND source_generation = %(source_generation)s
 RETURNING id;
 
+-- name: give_back_interrupted
+-- A claim whose answer could not be recorded (a transient database error: another
+-- program's transaction holds what the completion needs) goes back with no attempt
+-- counted and no case touched, due again no sooner than %(delay_seconds)s from now: the
+-- run that sent it does not send it again at once (no immediate retry loop).
+UPDATE media_server_items
+SET observation_lease_token = NULL,
+    observation_lease_expires_at = NULL,
+    observation_due_at = greatest(observation_due_at,
+                                  now() + make_interval(secs => %(delay_seconds)s))
+WHERE (id, observation_lease_token, source_generation)
+    = (%(item_id)s, %(lease_token)s, %(source_generation)s)
+RETURNING id;
+
 -- name: overdue_cases
 -- Open cases past their deadline by more than the grace with no live attempt: the
 -- observer is not keeping up (or not running).

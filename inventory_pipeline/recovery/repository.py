@@ -134,6 +134,11 @@ def release_claim(conn: Connection, claim: ItemClaim) -> bool:
     return fetch_one(conn, QUERIES["release_claim"], _guard(claim)) is not None
 
 
+def give_back_interrupted(conn: Connection, claim: ItemClaim, delay_seconds: float) -> bool:
+    params = {**_guard(claim), "delay_seconds": delay_seconds}
+    return fetch_one(conn, QUERIES["give_back_interrupted"], params) is not None
+
+
 def overdue_cases(conn: Connection, grace_seconds: int, limit: int = 20) -> list[OverdueCase]:
     rows = fetch_all(
         conn, QUERIES["overdue_cases"], {"grace_seconds": grace_seconds, "limit": limit}

@@ -48,6 +48,9 @@ LEASE_SECONDS = 300  # a five-minute attempt lease (docs/provider-recovery.md#cl
 # pausing 0.2 s, then 0.4 s: no request is sent again.
 COMPLETION_TRIES = 3
 COMPLETION_PAUSE_SECONDS = 0.2
+# An attempt a transient database error interrupted is due again this much later: no
+# run sends it again at once (docs/provider-recovery.md#database-errors).
+INTERRUPTED_RETRY_SECONDS = 60
 OBSERVER = "inventory_pipeline.observer"  # application_name of a run's sessions
 Level = Literal["warning", "info"]
 Answer = TypeVar("Answer")
@@ -209,10 +212,11 @@ def first_line(exc: Exception) -> str:
 
 
 def give_back(conn: Connection, claim: ItemClaim, exc: Exception) -> ObservationResult:
-    """A claim a transient database error interrupted goes back unrecorded, due as it
-    was; if even that fails, its lease ends it."""
+    """A claim a transient database error interrupted goes back unrecorded (no attempt,
+    no case), due again INTERRUPTED_RETRY_SECONDS later; if even that fails, its lease
+    ends it."""
     try:
-        repository.release_claim(conn, claim)
+        repository.give_back_interrupted(conn, claim, INTERRUPTED_RETRY_SECONDS)
     except TRANSIENT:
         pass
     return ObservationResult(claim.item_id, "interrupted", error=type(exc).__name__)
@@ -386,7 +390,8 @@ def notice(result: ObservationResult) -> tuple[Level, str] | None:
     if result.outcome == "interrupted":
         return (
             "info",
-            f"{item}: attempt not recorded ({result.error}); given back, tried again while due",
+            f"{item}: attempt not recorded ({result.error}); given back, due again in"
+            f" {INTERRUPTED_RETRY_SECONDS} s",
         )
     if result.transition == "opened":
         return (

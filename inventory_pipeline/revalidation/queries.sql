@@ -189,6 +189,16 @@ SET lease_token = NULL, lease_expires_at = NULL
 WHERE case_id = %(case_id)s AND lease_token = %(lease_token)s
 RETURNING case_id;
 
+-- name: give_back_interrupted_revalidation
+-- A check a transient database error interrupted goes back with no fault counted, due
+-- again no sooner than %(delay_seconds)s from now: the run that sent its requests does
+-- not send them again at once.
+UPDATE identity_revalidations
+SET lease_token = NULL, lease_expires_at = NULL,
+    due_at = greatest(due_at, now() + make_interval(secs => %(delay_seconds)s))
+WHERE case_id = %(case_id)s AND lease_token = %(lease_token)s
+RETURNING case_id;
+
 -- name: supersede_proposals
 -- docs/identity-revalidation.md#the-gate.
 -- Proposals superseded by a change of the item's source (or, undecided, by the end of

@@ -123,6 +123,11 @@ def release_revalidation(conn: Connection, claim: RevalidationClaim) -> bool:
     return fetch_one(conn, QUERIES["release_revalidation"], _guard(claim)) is not None
 
 
+def give_back_interrupted(conn: Connection, claim: RevalidationClaim, delay_seconds: float) -> bool:
+    params = {**_guard(claim), "delay_seconds": delay_seconds}
+    return fetch_one(conn, QUERIES["give_back_interrupted_revalidation"], params) is not None
+
+
 def supersede_proposals(conn: Connection, limit: int) -> int:
     return len(fetch_all(conn, QUERIES["supersede_proposals"], {"limit": limit}))
 

@@ -116,7 +116,8 @@ def test_a_completion_that_cannot_get_its_item_leaves_the_claim_without_an_attem
     conn: Connection, db_url: str, writer: str, library: int, client: TmdbClient
 ) -> None:
     """A writer holds the item through the completion's tries: the claim goes back
-    unrecorded once the writer lets go (no attempt, no case) and is first in line again."""
+    unrecorded once the writer lets go (no attempt, no case), and is not sent again at
+    once: it is due a minute later."""
     item = f.tmdb_item(conn, library, 603, original_language=None)
     [claim] = service.claim(conn, 1)
     before = attempts_and_case(conn, item)
@@ -138,7 +139,16 @@ def test_a_completion_that_cannot_get_its_item_leaves_the_claim_without_an_attem
     assert result.outcome == "interrupted" and result.error == "LockNotAvailable", result
     assert attempts_and_case(conn, item) == before
     assert f.item(conn, item)["observation_lease_token"] is None
-    [again] = service.claim(conn, 1)
+    assert service.claim(conn, 1) == []  # no immediate retry
+    due = fetch_one(
+        conn,
+        "SELECT observation_due_at - now() AS wait FROM media_server_items WHERE id = %s",
+        (item,),
+    )
+    assert due is not None
+    assert due["wait"].total_seconds() > service.INTERRUPTED_RETRY_SECONDS - 5
+    execute(conn, "UPDATE media_server_items SET observation_due_at = now() WHERE id = %s", (item,))
+    [again] = service.claim(conn, 1)  # the test clock: the minute has passed
     assert again.item_id == item
     done = service.observe_claim(conn, again, client, settings, POLICY)
     assert done.outcome == "observed"

@@ -353,8 +353,8 @@ def fail_next_revalidation_write(conn: Connection, sqlstate: str) -> None:
 def test_a_transient_database_error_gives_the_case_back_without_a_fault(
     conn: Connection, eligible: int, client: TmdbClient
 ) -> None:
-    """A deadlock at the completion is no invalid_response: the claim goes back, due as
-    it was, with no fault counted."""
+    """A deadlock at the completion is no invalid_response: the claim goes back with no
+    fault counted, and is not sent again at once: it is due a minute later."""
     [claim], _ = service.claim(conn, 1, rc.PER_HOUR)
     fail_next_revalidation_write(conn, "40P01")
     settings = recovery.provider_settings(conn)
@@ -363,6 +363,14 @@ def test_a_transient_database_error_gives_the_case_back_without_a_fault(
     record = rc.revalidation(conn, eligible)
     assert record is not None and record["lease_token"] is None and record["faults"] == 0
     assert record["last_fault"] is None
+    assert service.claim(conn, 1, rc.PER_HOUR)[0] == []  # no immediate retry
+    wait = fetch_one(
+        conn,
+        "SELECT due_at - now() AS wait FROM identity_revalidations WHERE case_id = %s",
+        (claim.case_id,),
+    )
+    assert wait is not None
+    assert wait["wait"].total_seconds() > recovery.INTERRUPTED_RETRY_SECONDS - 5
 
 
 def test_any_other_database_error_is_raised_not_recorded(
