@@ -108,9 +108,22 @@ RETURNING i.id, i.title, i.provider_kind, i.provider_id, i.source_generation,
 -- A completion waits for its library's state at most this long (then it is retried).
 SET LOCAL lock_timeout = '2s';
 
--- name: lock_observed_library
+-- name: ensure_observed_library_state
 -- docs/provider-recovery.md#lock-order.
 -- The first statement of an observed completion's transaction: the item's library (key
+-- share) and, when a write that skipped triggers (a restore, a replication apply)
+-- created the library without one, its inventory state row, as a new library gets it.
+-- An existing row is neither locked nor changed here.
+INSERT INTO library_inventory_state (library_id)
+SELECT l.id
+FROM libraries l
+WHERE l.id = (SELECT i.library_id FROM media_server_items i WHERE i.id = %(item_id)s)
+FOR KEY SHARE
+ON CONFLICT (library_id) DO NOTHING;
+
+-- name: lock_observed_library
+-- docs/provider-recovery.md#lock-order.
+-- The second statement of an observed completion's transaction: the item's library (key
 -- share: a deletion in flight is waited for, after which nothing is returned), then the
 -- library's inventory state (the lock the change capture of the observed original
 -- language takes). The library is locked in the scalar subquery, which runs before the

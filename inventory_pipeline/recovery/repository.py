@@ -89,6 +89,7 @@ def complete_observed(
     library is gone."""
     with transaction(conn):
         execute(conn, QUERIES["completion_lock_timeout"])
+        execute(conn, QUERIES["ensure_observed_library_state"], {"item_id": claim.item_id})
         library = fetch_one(conn, QUERIES["lock_observed_library"], {"item_id": claim.item_id})
         if library is None:
             return None

@@ -175,3 +175,34 @@ def test_any_other_database_error_fails_the_run_and_opens_no_case(
     assert attempts_and_case(conn, items[1]) == (0, None)
     assert f.item(conn, items[1])["observation_lease_token"] is not None
     assert fetch_one(conn, "SELECT count(*) AS n FROM provider_observations") == {"n": 3}
+
+
+def test_a_library_a_restore_created_without_its_state_is_observed(
+    conn: Connection, client: TmdbClient
+) -> None:
+    """A library and its item written with triggers off (a restore, a logical
+    replication apply) have no inventory state row: the observation's completion creates
+    it, saves the answer (not `lost`, which would send the item again after every lease)
+    and the library's profile is marked to refresh."""
+    f.provider_key(conn, TMDB_TEST_KEY)
+    execute(conn, "SET session_replication_role = replica")
+    try:
+        library = f.library(conn, name="Restored")
+        item = f.tmdb_item(conn, library, 604, original_language=None)
+    finally:
+        execute(conn, "RESET session_replication_role")
+    assert (
+        fetch_one(conn, "SELECT 1 FROM library_inventory_state WHERE library_id = %s", (library,))
+        is None
+    )
+    [claim] = service.claim(conn, 1)
+    settings = service.provider_settings(conn)
+    result = service.observe_claim(conn, claim, client, settings, POLICY)
+    assert result.outcome == "observed", result
+    assert f.item(conn, item)["original_language"] is not None
+    state = fetch_one(
+        conn,
+        "SELECT revision, acknowledged_revision FROM library_inventory_state WHERE library_id = %s",
+        (library,),
+    )
+    assert state is not None and state["revision"] > state["acknowledged_revision"]
