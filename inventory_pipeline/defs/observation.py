@@ -141,24 +141,27 @@ def provider_observations(
 def recovery_check_result(
     conn: Connection,
 ) -> tuple[bool, str | None, dict[str, Any]]:
-    """Passed, the description of a failure, and metadata: no open case past its
-    deadline by more than the grace without an attempt."""
+    """Passed, the description of a failure, and metadata: no open case an observation
+    may claim past its deadline by more than the grace without an attempt. Cases of
+    inactive libraries or servers wait for their owner and are reported apart."""
     overdue = service.overdue_cases(conn, OVERDUE_GRACE_SECONDS)
+    oldest = overdue.oldest
     ages = service.case_ages(conn)
     metadata: dict[str, dg.RawMetadataValue] = {
-        "overdue": len(overdue),
-        "oldest_due": overdue[0].due_at.isoformat() if overdue else "-",
+        "overdue": overdue.total,
+        "oldest_due": oldest[0].due_at.isoformat() if oldest else "-",
         "open_cases": case_table(ages),
-        "overdue_items": json.dumps([c.item_id for c in overdue[:20]]),
+        "overdue_items": json.dumps([c.item_id for c in oldest]),
+        "waiting_in_inactive_libraries": overdue.inactive,
     }
     description = None
-    if overdue:
+    if oldest:
         description = (
-            f"{len(overdue)} open recovery cases are more than {OVERDUE_GRACE_SECONDS // 60} "
-            f"minutes past their retry deadline without an attempt (oldest due "
-            f"{overdue[0].due_at.isoformat(timespec='seconds')}): observation is not keeping up"
+            f"{overdue.total} open recovery cases are more than {OVERDUE_GRACE_SECONDS // 60}"
+            f" minutes past their retry deadline without an attempt (oldest due "
+            f"{oldest[0].due_at.isoformat(timespec='seconds')}): observation is not keeping up"
         )
-    return not overdue, description, metadata
+    return not oldest, description, metadata
 
 
 # The observation run: the asset, then its check (an asset selection includes its checks).

@@ -151,6 +151,17 @@ class OverdueCase:
 
 
 @dataclass(frozen=True)
+class Overdue:
+    """The oldest overdue cases an observation may claim, how many there are in all,
+    and how many open cases wait in inactive libraries (not overdue: nobody may claim
+    them)."""
+
+    oldest: tuple[OverdueCase, ...]
+    total: int
+    inactive: int
+
+
+@dataclass(frozen=True)
 class OpenCase:
     """An open recovery case as a person looks for it: the item's title, library and
     typed identity, its category, attempts, and when it failed first and is tried next."""

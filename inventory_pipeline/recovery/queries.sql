@@ -338,16 +338,30 @@ WHERE (id, observation_lease_token, source_generation)
 RETURNING id;
 
 -- name: overdue_cases
--- Open cases past their deadline by more than the grace with no live attempt: the
--- observer is not keeping up (or not running).
-SELECT i.id, i.recovery_category, i.observation_due_at
+-- Open cases an observation may claim (`observation_due`: an active library and server,
+-- no live attempt) past their deadline by more than the grace: the observer is not
+-- keeping up (or not running). The oldest `limit`, each with the whole count.
+SELECT i.id, i.recovery_category, i.observation_due_at, count(*) OVER () AS total
 FROM media_server_items i
+JOIN libraries l ON l.id = i.library_id
+JOIN media_servers m ON m.id = l.server_id
 WHERE i.recovery_case_id IS NOT NULL
   AND i.recovery_resolved_at IS NULL
   AND i.observation_due_at < now() - make_interval(secs => %(grace_seconds)s)
-  AND (i.observation_lease_token IS NULL OR i.observation_lease_expires_at <= now())
+  AND observation_due(i, l, m)
 ORDER BY i.observation_due_at
 LIMIT %(limit)s;
+
+-- name: inactive_open_cases
+-- Open cases no observation may claim because their library or server is inactive:
+-- they wait for its owner, not for the observer.
+SELECT count(*) AS waiting
+FROM media_server_items i
+JOIN libraries l ON l.id = i.library_id
+JOIN media_servers m ON m.id = l.server_id
+WHERE i.recovery_case_id IS NOT NULL
+  AND i.recovery_resolved_at IS NULL
+  AND NOT (l.active AND m.active);
 
 -- name: case_overview
 SELECT recovery_category AS category, count(*) AS open_cases

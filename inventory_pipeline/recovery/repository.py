@@ -12,6 +12,7 @@ from inventory_pipeline.recovery.models import (
     CaseAge,
     ItemClaim,
     OpenCase,
+    Overdue,
     OverdueCase,
     ProviderSettings,
     Replacement,
@@ -140,11 +141,16 @@ def give_back_interrupted(conn: Connection, claim: ItemClaim, delay_seconds: flo
     return fetch_one(conn, QUERIES["give_back_interrupted"], params) is not None
 
 
-def overdue_cases(conn: Connection, grace_seconds: int, limit: int = 20) -> list[OverdueCase]:
+def overdue_cases(conn: Connection, grace_seconds: int, limit: int = 20) -> Overdue:
     rows = fetch_all(
         conn, QUERIES["overdue_cases"], {"grace_seconds": grace_seconds, "limit": limit}
     )
-    return [OverdueCase(r["id"], r["recovery_category"], r["observation_due_at"]) for r in rows]
+    inactive = fetch_one(conn, QUERIES["inactive_open_cases"])
+    return Overdue(
+        tuple(OverdueCase(r["id"], r["recovery_category"], r["observation_due_at"]) for r in rows),
+        int(rows[0]["total"]) if rows else 0,
+        0 if inactive is None else int(inactive["waiting"]),
+    )
 
 
 def case_overview(conn: Connection) -> dict[str, int]:

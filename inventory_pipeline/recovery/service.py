@@ -36,7 +36,7 @@ from inventory_pipeline.recovery.models import (
     ObservationResult,
     ObservationSummary,
     OpenCase,
-    OverdueCase,
+    Overdue,
     ProviderSettings,
     Transition,
 )
@@ -420,7 +420,7 @@ def notice(result: ObservationResult) -> tuple[Level, str] | None:
     return None
 
 
-def overdue_cases(conn: Connection, grace_seconds: int = 900) -> list[OverdueCase]:
+def overdue_cases(conn: Connection, grace_seconds: int = 900) -> Overdue:
     return repository.overdue_cases(conn, grace_seconds)
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import dagster as dg
 import pytest
 
-from inventory_pipeline.db import Connection, connect, fetch_all
+from inventory_pipeline.db import Connection, connect, execute, fetch_all
 from inventory_pipeline.definitions import defs
 from inventory_pipeline.defs import observation as obs_defs
 from inventory_pipeline.defs.resources import InventoryDatabase, TmdbResource
@@ -92,6 +92,26 @@ def test_sensor_and_job_report_categories(
     )
     passed, description, _ = obs_defs.recovery_check_result(conn)
     assert not passed and description is not None
+
+
+def test_the_recovery_check_counts_what_observation_may_claim(conn: Connection) -> None:
+    """Cases of an inactive library wait for its owner, not for a stalled observer: the
+    check passes and reports them apart. The count of overdue cases is the whole count,
+    not the page the check lists."""
+    server = f.server(conn)
+    active, inactive = f.library(conn, server), f.library(conn, server, name="Old")
+    f.auth_cases(conn, inactive, 1)
+    execute(conn, "UPDATE libraries SET active = false WHERE id = %s", (inactive,))
+    overdue = "UPDATE media_server_items SET observation_due_at = now() - interval '1 hour'"
+    execute(conn, overdue)
+    passed, description, metadata = obs_defs.recovery_check_result(conn)
+    assert passed and description is None, description
+    assert metadata["waiting_in_inactive_libraries"] == 1
+    f.auth_cases(conn, active, 25, first_tmdb_id=100)
+    execute(conn, overdue)
+    passed, description, metadata = obs_defs.recovery_check_result(conn)
+    assert not passed and metadata["overdue"] == 25
+    assert description is not None and description.startswith("25 open recovery cases")
 
 
 def test_key_absent_everywhere_after_a_failure_storm(
