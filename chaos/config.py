@@ -169,8 +169,10 @@ SQUEEZED_COMPUTE_BUDGET_MS = 100
 # then holds the user's row; the publication that waits for it is cancelled by an
 # operator at the first fixed point and held past its budget at the second (drawn:
 # either). Each ends the publication's call; the run must be given back, its slot free.
-# A budget squeeze in progress ends first, and none starts while the row is held: no
-# compute would reach its publication.
+# A budget squeeze in progress ends first, and no drawn one starts in the
+# LOCK_WAIT_CALM_OPERATIONS that follow (counted in operations, so that a seed replays
+# the same operations whatever the threads' timing): no compute would reach its
+# publication.
 PUBLICATION_LOCK_WAIT_AT = (0.15, 0.4)
 # An operator cancels a stats worker's stage call in flight: at this fraction of the run
 # and as a drawn operation. A stage of a small account lasts a few milliseconds, so the
@@ -179,6 +181,7 @@ PUBLICATION_LOCK_WAIT_AT = (0.15, 0.4)
 CANCEL_AT = 0.2
 CANCEL_LOOK_SECONDS = 10.0
 LOCK_WAIT_LOOK_SECONDS = 10.0
+LOCK_WAIT_CALM_OPERATIONS = 80
 # An operator's rebuild of every user, issued beside the writes (its own connection);
 # before the squeeze, so that it cannot cover the ranges the squeeze makes fail.
 REBUILD_AT = 0.3

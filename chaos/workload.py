@@ -33,6 +33,7 @@ from chaos.config import (
     LARGE_EXERCISES,
     LARGE_IMPORT_SESSIONS,
     LARGE_USERS,
+    LOCK_WAIT_CALM_OPERATIONS,
     LOCK_WAIT_LOOK_SECONDS,
     MERGE_VARIANTS,
     SMALL_USERS,
@@ -91,7 +92,7 @@ STAGE_IN_FLIGHT = (
     "  WHEN a.query LIKE '%stats_publish_stage(%' THEN 'publish' ELSE 'arm' END AS stage"
     " FROM pg_stat_activity a"
     " WHERE a.datname = current_database() AND a.state = 'active'"
-    " AND a.pid <> pg_backend_pid()"
+    " AND a.application_name ~ '^chaos\\.(stats|drainer)\\.'"
     " AND (a.query LIKE '%stats\\_%\\_stage(%'"
     "  OR a.query LIKE '%stats_projection_statement_budget(%')"
     " ORDER BY random() LIMIT 1"
@@ -187,7 +188,8 @@ class Workload:
     app: Connection | None = None
     squeeze_hold: Connection | None = None  # holds the private output tables in a squeeze
     rebuild: threading.Thread | None = None
-    lock_wait_holds: dict[uuid.UUID, threading.Thread] = field(default_factory=dict)
+    lock_wait_holds: list[threading.Thread] = field(default_factory=list)
+    calm_left: int = 0  # operations left in which no drawn squeeze starts
     canceller: threading.Thread | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Merges at the stand-in: the records folded so far, and what the operator decided.
@@ -809,11 +811,8 @@ class Workload:
             return
         if self.squeeze_left:  # no compute would get to its publication
             self.apply("restore_budget", self.restore_budget)
-        held = {user for user, thread in self.lock_wait_holds.items() if thread.is_alive()}
-        users = [user for user in self.large_users if user not in held]
-        if not users:
-            return
-        user = self.rng.choice(users)
+        self.calm_left = LOCK_WAIT_CALM_OPERATIONS
+        user = self.rng.choice(self.large_users)
         self.save_large(user, everything=True)
         cancel = self.rng.random() < 0.5 if cancel is None else cancel
         reconnect = self.reconnect
@@ -826,11 +825,8 @@ class Workload:
                 self._refused("publication_lock_wait", exc)
 
         thread = threading.Thread(target=hold, name="chaos-lock-wait", daemon=True)
-        self.lock_wait_holds[user] = thread
+        self.lock_wait_holds.append(thread)
         thread.start()
-
-    def _holding(self) -> bool:
-        return any(thread.is_alive() for thread in self.lock_wait_holds.values())
 
     def _hold_state_row(
         self, watch: Connection, app: Connection, user: uuid.UUID, cancel: bool
@@ -933,9 +929,9 @@ class Workload:
         also holds the exercise projection a compute reads and a publication replaces,
         so every compute and publication runs out of its budget while it lasts, as every
         compute did under the former 1 ms budget; recording the failure needs no lock it
-        holds. Not while a publication waits for a held state row: no publication
-        would come to wait."""
-        if self.squeeze_left or self._holding():
+        holds. A drawn squeeze (`budget` None) does not start in the operations that
+        follow a held state row: no publication would come to wait for it."""
+        if self.squeeze_left or (budget is None and self.calm_left):
             return
         attempts = self.rng.choice(SQUEEZED_ATTEMPTS)
         drawn = self.rng.choice((SQUEEZED_COMPUTE_BUDGET_MS, STATS_SETTINGS["compute_budget_ms"]))
@@ -1168,6 +1164,8 @@ class Workload:
             self.squeeze_left -= 1
             if not self.squeeze_left:
                 self.apply("restore_budget", self.restore_budget)
+        if self.calm_left:
+            self.calm_left -= 1
 
     def apply(self, name: str, apply: Callable[[], None]) -> None:
         if self.conn.closed and self.reconnect is not None:
@@ -1201,7 +1199,7 @@ class Workload:
         self.standin.clear_fault()
         if self.rebuild is not None:
             self.rebuild.join()
-        for thread in [*self.lock_wait_holds.values(), self.canceller]:
+        for thread in [*self.lock_wait_holds, self.canceller]:
             if thread is not None:
                 thread.join()
         if self.writer is not None:
