@@ -88,7 +88,7 @@ SHORT_CUT_SECONDS = 10.0
 DEGRADE_SECONDS = 60.0
 DEGRADE_LOSS_PERCENT = 30  # of what the host sends; none of what it receives
 DEGRADE_DELAY_SECONDS = 1.0  # each way: 2 s more per round trip
-MOMENT_LOOK_SECONDS = 10.0  # how long a cut waits for its moment before cutting anyway
+MOMENT_LOOK_SECONDS = 20.0  # how long a cut waits for its moment before cutting anyway
 REJOIN_SECONDS = 90.0
 IN_FLIGHT_SECONDS = 0.5
 STATS_WORKERS = "'^chaos[.](stats|drainer)[.][0-9]+$'"
@@ -107,7 +107,7 @@ class Fault:
 
 PLANS: dict[str, tuple[Fault, ...]] = {
     # CI: one partition of one worker host, one heal; the workload goes on for a while
-    # after the heal (a cut strikes by 8 + 10 s, heals 45 s later), so the host has work
+    # after the heal (a cut strikes by 8 + 20 s, heals 45 s later), so the host has work
     # to come back to.
     "short": (Fault("cut", "wa", 0.1, CUT_SECONDS, "computing"),),
     # One after the other over a run of PLAN_SECONDS["long"], so one host at a time is

@@ -918,6 +918,15 @@ def _chaos(
             if harness.site is not None:  # the network's faults instead of the processes'
                 faults, owed = [], set()
                 for fault in harness.site.due(op, total):
+                    if fault.moment in ("computing", "publishing"):
+                        # Work that holds a claim for a while whoever takes it: every
+                        # large account imports a session (its range computes in
+                        # batches), so the cut finds its moment on any seed.
+                        for user in workload.large_users:
+                            workload.apply(
+                                "save_large",
+                                functools.partial(workload.save_large, user, everything=True),
+                            )
                     harness.site.inject(fault, harness.url, harness.pids_on(fault.host))
             elif op == owed_at:
                 owed = {k for k in RANDOM_FAULTS if not exercised(harness.report)[k]}
