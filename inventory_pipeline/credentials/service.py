@@ -123,9 +123,10 @@ def probe(
     status_code, raw, retry_after = answer
     if status_code == 200:
         return ("verified" if is_configuration(raw) else "invalid_response"), None
-    outcome = _outcome(classify(status_code, raw, retry_after))
-    if outcome == "throttled":
+    failure = classify(status_code, raw, retry_after)
+    if failure.pauses_admission:
         admission.pause(conn, retry_after)
+    outcome = _outcome(failure)
     return outcome, retry_after
 
 

@@ -90,5 +90,15 @@ class Failure:
     retry_after_seconds: int | None = None
     cause: str | None = field(default=None, compare=False)
 
+    @property
+    def pauses_admission(self) -> bool:
+        """Provider-wide evidence that TMDb wants every client to wait: a throttling
+        answer (429, TMDb's code 25), or a 503 that says for how long (Retry-After: the
+        service as a whole is unavailable, not this item). Any other 5xx is this
+        request's transient failure alone."""
+        return self.category == "throttled" or (
+            self.cause == "HTTP 503" and self.retry_after_seconds is not None
+        )
+
 
 FetchResult = Observation | Failure

@@ -23,17 +23,18 @@ variations a revalidation must refuse: `round_trip: false` (the survivor's detai
 its own external ids), `also` (more results of the find: ids of the same kind, or
 [kind, id] pairs), a title or year of its own.
 
-Faults: status (any HTTP status, TMDb error body), throttle (429 + Retry-After),
-slow (delay seconds), drip (body a byte at a time), drip_headers (status line and
-headers a byte at a time, then a valid configuration body), truncate (promise more than is
-sent, then hang up mid-body), close (hang up without answering), oversize (a body over
-64 KiB), gzip_bomb (a small gzip body that decodes to megabytes), encoded (a 200 whose
-body, the given text or `size` spaces, is coded by each of `encoding` in turn and sent
-with that Content-Encoding: gzip and deflate code it, any other name only labels it;
-`gzip, gzip` over a few hundred MiB of spaces is a nested bomb of a few KiB; `cut`
-bytes fewer sent), echo_key (a record with the request's key in a header), garbage (not JSON),
-cut_json (a complete response whose JSON is cut short), missing (a 200 without required
-fields), body (a 200 with the given text, verbatim).
+Faults: status (any HTTP status, TMDb error body, Retry-After when `retry_after` is
+given), throttle (429 + Retry-After), slow (delay seconds), drip (body a byte at a
+time), drip_headers (status line and headers a byte at a time, then a valid
+configuration body), truncate (promise more than is sent, then hang up mid-body), close
+(hang up without answering), oversize (a body over 64 KiB), gzip_bomb (a small gzip body
+that decodes to megabytes), encoded (a 200 whose body, the given text or `size` spaces,
+is coded by each of `encoding` in turn and sent with that Content-Encoding: gzip and
+deflate code it, any other name only labels it; `gzip, gzip` over a few hundred MiB of
+spaces is a nested bomb of a few KiB; `cut` bytes fewer sent), echo_key (a record with
+the request's key in a header), garbage (not JSON), cut_json (a complete response whose
+JSON is cut short), missing (a 200 without required fields), body (a 200 with the given
+text, verbatim).
 It binds to loopback only and never logs request lines (they carry the key).
 """
 
@@ -441,7 +442,8 @@ class _Handler(BaseHTTPRequestHandler):
                 if fault.status == 404
                 else {"status_code": 11, "success": False, "status_message": "Internal error."}
             )
-            self._json(fault.status, body)
+            headers = {"Retry-After": fault.retry_after} if fault.retry_after is not None else {}
+            self._json(fault.status, body, headers)
         elif fault.fault == "throttle":
             headers = {"Retry-After": fault.retry_after} if fault.retry_after is not None else {}
             self._json(429, THROTTLED, headers)

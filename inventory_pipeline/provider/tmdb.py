@@ -108,9 +108,9 @@ def validate_base_url(base_url: str) -> str:
 
 
 def status_cause(status: int) -> str:
-    """The HTTP status as a label: exact for the statuses TMDb gives meaning to, else
-    its class ("HTTP 5xx")."""
-    if status in (401, 403, 404, 429):
+    """The HTTP status as a label: exact for the statuses TMDb gives meaning to (503:
+    the whole service unavailable), else its class ("HTTP 5xx")."""
+    if status in (401, 403, 404, 429, 503):
         return f"HTTP {status}"
     if 100 <= status <= 599:
         return f"HTTP {status // 100}xx"

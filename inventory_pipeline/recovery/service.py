@@ -103,8 +103,9 @@ def fetch(
 
 def admitted(conn: Connection, send: Callable[[], Answer]) -> Answer | Deferred:
     """One request through the shared admission limiter, with no transaction or lock
-    held: Deferred (unsent) while admission is paused or has no slot in time; a
-    throttling answer pauses admission for every process."""
+    held: Deferred (unsent) while admission is paused or has no slot in time; an answer
+    that is provider-wide evidence (`Failure.pauses_admission`: a 429, or a 503 with
+    Retry-After) pauses admission for every process."""
     try:
         admission.acquire(conn)
     except admission.AdmissionPaused as paused:
@@ -112,7 +113,7 @@ def admitted(conn: Connection, send: Callable[[], Answer]) -> Answer | Deferred:
     except admission.AdmissionTimeout:
         return Deferred(0.0)
     result = send()
-    if isinstance(result, Failure) and result.category == "throttled":
+    if isinstance(result, Failure) and result.pauses_admission:
         admission.pause(conn, result.retry_after_seconds)
     return result
 

@@ -99,6 +99,32 @@ def test_a_throttle_storm_is_bounded_by_requests_in_flight(
     assert drained.observed == ITEMS - sent and service.due_items(conn) == 0
 
 
+@pytest.mark.parametrize(("retry_after", "pauses"), [("30", True), (None, False)])
+def test_a_503_with_retry_after_pauses_the_fleet_and_one_without_does_not(
+    conn: Connection,
+    db_url: str,
+    standin: StandIn,
+    backlog: int,
+    retry_after: str | None,
+    pauses: bool,
+) -> None:
+    """A 503 that says how long the service is unavailable is provider-wide evidence, as
+    a 429 is: the requests that reach the provider are those in flight, each a
+    transient case, and the rest wait unsent. A 503 without Retry-After is that
+    request's transient failure alone (the rule: docs/provider-recovery.md#admission-limiter)."""
+    standin.set_fault("status", status=503, retry_after=retry_after)
+    with TmdbClient(standin.url, timeout_seconds=2.0) as client:
+        summary = service.observe(
+            lambda: connect(db_url), client, POLICY, workers=WORKERS, max_items=64
+        )
+    sent = len(standin.state.arrivals)
+    assert summary.by_category.get("transient") == sent
+    if pauses:
+        assert 1 <= sent <= WORKERS and 25 < pause_seconds(conn) <= 30
+    else:
+        assert sent == 64 and pause_seconds(conn) == 0
+
+
 PAUSED_WORKER = textwrap.dedent(
     """
     import sys

@@ -17,7 +17,8 @@ from tests.conftest import TMDB_TEST_KEY
 @pytest.mark.parametrize(
     ("fault", "options", "category", "cause"),
     [
-        ("status", {"status": 503}, "transient", "HTTP 5xx"),
+        ("status", {"status": 503}, "transient", "HTTP 503"),
+        ("status", {"status": 502}, "transient", "HTTP 5xx"),
         ("status", {"status": 404}, "not_found", "HTTP 404"),
         ("status", {"status": 418}, "invalid_response", "HTTP 4xx"),
         ("throttle", {"retry_after": "5"}, "throttled", "HTTP 429"),
