@@ -31,10 +31,11 @@ configuration body), truncate (promise more than is sent, then hang up mid-body)
 that decodes to megabytes), encoded (a 200 whose body, the given text or `size` spaces,
 is coded by each of `encoding` in turn and sent with that Content-Encoding: gzip and
 deflate code it, any other name only labels it; `gzip, gzip` over a few hundred MiB of
-spaces is a nested bomb of a few KiB; `cut` bytes fewer sent), echo_key (a record with
-the request's key in a header), garbage (not JSON), cut_json (a complete response whose
-JSON is cut short), missing (a 200 without required fields), body (a 200 with the given
-text, verbatim).
+spaces is a nested bomb of a few KiB; `cut` bytes fewer sent), answer (the given status,
+`headers` and `raw` body bytes, as they are, framed by a Content-Length), echo_key (a
+record with the request's key in a header), garbage (not JSON), cut_json (a complete
+response whose JSON is cut short), missing (a 200 without required fields), body (a 200
+with the given text, verbatim).
 It binds to loopback only and never logs request lines (they carry the key).
 """
 
@@ -157,6 +158,8 @@ class Fault:
     encoding: tuple[str, ...] = ()  # the "encoded" fault's codings, first applied first
     size: int = 0  # the "encoded" fault's body of spaces, when no body is given
     cut: int = 0  # the "encoded" fault's payload sent without its last `cut` bytes
+    headers: tuple[tuple[str, str], ...] = ()  # the "answer" fault's headers
+    raw: bytes = b""  # the "answer" fault's body, sent as it is
 
     def applies(self, tmdb_id: int | None) -> bool:
         return self.ids is None or (tmdb_id is not None and tmdb_id in self.ids)
@@ -483,6 +486,13 @@ class _Handler(BaseHTTPRequestHandler):
                 payload[: len(payload) - fault.cut],
                 {"Content-Encoding": ", ".join(fault.encoding)},
             )
+        elif fault.fault == "answer":
+            self.send_response(fault.status)
+            for name, value in fault.headers:
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(fault.raw)))
+            self.end_headers()
+            self.wfile.write(fault.raw)
         elif fault.fault == "echo_key":
             key = parse_qs(urlsplit(self.path).query).get("api_key", [""])[0]
             self._json(200, record("movie", 1), {"X-Echo": f"your key is {key}"})
