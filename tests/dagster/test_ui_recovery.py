@@ -128,7 +128,7 @@ def test_open_cases_and_the_recovery_check_are_current_after_every_run(
     for tmdb_id in range(1, 9):
         f.tmdb_item(conn, lib, tmdb_id)
     standin.set_available("movie", 3, False)
-    standin.set_fault("status", status=503, ids=[5, 6])
+    standin.set_fault("status", status=502, ids=[5, 6])
     resources = {
         "inventory_db": InventoryDatabase(url=db_url),
         "tmdb": TmdbResource(base_url=standin.url, rate=200),
