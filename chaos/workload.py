@@ -80,10 +80,13 @@ WAITING_PUBLICATION = (
     " AND %s = ANY (pg_blocking_pids(a.pid))"
     " LIMIT 1"
 )
-# A user's run claimed and at work (computing or about to publish).
+# A user's run claimed and at work (computing or about to publish) by a worker (a
+# harness worker, `chaos-<pid>`, or a Dagster drain): never the harness's own
+# application calls, so that without workers the hold writes nothing.
 CLAIMED = (
     "SELECT 1 FROM user_stats_projection_runs WHERE user_id = %s"
     " AND phase IN ('claimed', 'computed') AND retry_not_before IS NULL"
+    " AND lock_owner ~ '^(chaos-[0-9]+|dagster:)'"
 )
 # A stats worker's stage call in flight (its arming statement or the stage itself).
 STAGE_IN_FLIGHT = (
