@@ -159,20 +159,26 @@ def test_webserver_binds_to_loopback_by_default() -> None:
     assert _parser().parse_args(["dev"]).host == "127.0.0.1"
 
 
-def test_hostile_key_is_saved_verbatim(db_url: str) -> None:
-    """The key reaches SQL only as a bound parameter: stored exactly, nothing else moved."""
-    from inventory_pipeline.db import connect, fetch_one
-
-    hostile = "k');DELETE/**/FROM/**/provider_settings;--\\x27$$"
+def save_key(db_url: str, key: str, *options: str) -> subprocess.CompletedProcess[str]:
+    """`tmdb-key` with `key` on standard input; it must succeed."""
     saved = subprocess.run(
-        [sys.executable, "-m", "inventory_pipeline.cli", "tmdb-key", "--language", "fr-FR"],
-        input=hostile + "\n",
+        [sys.executable, "-m", "inventory_pipeline.cli", "tmdb-key", *options],
+        input=key + "\n",
         env={**os.environ, "INVENTORY_DATABASE_URL": db_url},
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert saved.returncode == 0, saved.stderr
+    return saved
+
+
+def test_hostile_key_is_saved_verbatim(db_url: str) -> None:
+    """The key reaches SQL only as a bound parameter: stored exactly, nothing else moved."""
+    from inventory_pipeline.db import connect, fetch_one
+
+    hostile = "k');DELETE/**/FROM/**/provider_settings;--\\x27$$"
+    saved = save_key(db_url, hostile, "--language", "fr-FR")
     assert hostile not in saved.stdout + saved.stderr
     with connect(db_url) as conn:
         row = fetch_one(conn, "SELECT api_key, language, active FROM provider_settings")
@@ -183,16 +189,8 @@ def test_a_new_key_without_a_language_keeps_the_saved_one(db_url: str) -> None:
     """Rotating the key alone changes the key alone."""
     from inventory_pipeline.db import connect, fetch_one
 
-    for key, options in (("first-key", ["--language", "fr-FR"]), ("second-key", [])):
-        saved = subprocess.run(
-            [sys.executable, "-m", "inventory_pipeline.cli", "tmdb-key", *options],
-            input=key + "\n",
-            env={**os.environ, "INVENTORY_DATABASE_URL": db_url},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert saved.returncode == 0, saved.stderr
+    save_key(db_url, "first-key", "--language", "fr-FR")
+    save_key(db_url, "second-key")
     with connect(db_url) as conn:
         row = fetch_one(conn, "SELECT api_key, language FROM provider_settings")
     assert row == {"api_key": "second-key", "language": "fr-FR"}
