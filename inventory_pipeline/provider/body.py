@@ -39,13 +39,17 @@ def read_limited(raw: Iterable[bytes], encodings: list[str], limit: int, deadlin
     `limit` decoded bytes (every layer counts) or still arriving at `deadline` (a slow
     drip defeats per-read timeouts)."""
     layers = _layers(encodings)
+    # A layer's output is the next layer's coded input: a legitimate one is the body's
+    # size and a little more (headers, stored blocks of incompressible bytes). The
+    # body itself is held to `limit` exactly below.
+    layer_limit = limit + limit // 64 + 1024
     body = bytearray()
 
     def through(index: int, data: bytes) -> Iterator[bytes]:
         if index == len(layers):
             yield data
             return
-        for piece in layers[index].feed(data, limit):
+        for piece in layers[index].feed(data, layer_limit):
             yield from through(index + 1, piece)
 
     for chunk in raw:
@@ -81,8 +85,7 @@ class _Layer:
 
     def feed(self, data: bytes, limit: int) -> Iterator[bytes]:
         """Every piece `data` decodes to, at most PIECE bytes each; past `limit` bytes of
-        this layer's output the body is refused (an inner layer of a legitimate body is
-        no larger than the body, give or take a header)."""
+        this layer's output the body is refused."""
         while not self._inflate.eof:
             piece = self._decompress(data)
             data = self._inflate.unconsumed_tail

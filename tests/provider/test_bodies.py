@@ -3,14 +3,16 @@ memory whatever its Content-Encoding stack says, and every answer ends in a cate
 
 from __future__ import annotations
 
+import gzip
 import json
+import os
 import time
 import tracemalloc
 from collections.abc import Iterator
 
 import pytest
 
-from inventory_pipeline.provider.body import Undecodable, read_limited
+from inventory_pipeline.provider.body import BodyTooLarge, Undecodable, read_limited
 from inventory_pipeline.provider.models import Failure, Observation
 from inventory_pipeline.provider.standin import StandIn, encoded, record
 from inventory_pipeline.provider.tmdb import TmdbClient
@@ -107,3 +109,13 @@ def test_a_coded_body_cut_short_is_invalid(standin: StandIn, client: TmdbClient)
 def test_a_garbled_coded_body_is_undecodable(encoding: list[str]) -> None:
     with pytest.raises(Undecodable, match=r"^undecodable body$"):
         read_limited([b"not coded at all"], encoding, MIB, time.monotonic() + 5)
+
+
+def test_an_incompressible_body_at_the_limit_is_read_through_two_layers() -> None:
+    """An inner layer is a little larger than the body it codes (headers, stored
+    blocks): a body of exactly the limit still reads; one byte more does not."""
+    body = os.urandom(MIB // 16)
+    twice = gzip.compress(gzip.compress(body))
+    assert read_limited([twice], ["gzip", "gzip"], len(body), time.monotonic() + 5) == body
+    with pytest.raises(BodyTooLarge):
+        read_limited([twice], ["gzip", "gzip"], len(body) - 1, time.monotonic() + 5)
