@@ -43,12 +43,12 @@ WITH item AS (
         original_language, plot, observed_at, last_attempt_at, observation_due_at,
         observation_attempts, observation_successes, recovery_case_id, recovery_provider,
         recovery_provider_kind, recovery_provider_id, recovery_category, recovery_attempts,
-        recovery_first_failed_at, recovery_last_failed_at)
+        recovery_cause_attempts, recovery_first_failed_at, recovery_last_failed_at)
     VALUES (%(library_id)s, %(title)s, %(year)s, 'tmdb', %(kind)s, %(tmdb_id)s::text, 7.5,
             ARRAY['Drama'], 'en', 'A demo item TMDb merged into another record.',
             now(), now(), now(), 2, 1,
             gen_random_uuid(), 'tmdb', %(kind)s, %(tmdb_id)s::text, 'not_found', 1,
-            now(), now())
+            1, now(), now())
     RETURNING id, source_generation
 )
 INSERT INTO provider_observations (item_id, source_generation, provider_kind, tmdb_id, title,

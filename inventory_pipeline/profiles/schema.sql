@@ -76,6 +76,7 @@ CREATE TABLE media_server_items (
     recovery_resolved_at timestamp with time zone,
     recovery_wakeup_generation uuid,
     recovery_credential_generation uuid,
+    recovery_cause_attempts integer DEFAULT 0 NOT NULL,
     CONSTRAINT media_server_items_pkey PRIMARY KEY (id),
     CONSTRAINT media_server_items_library_id_fkey FOREIGN KEY (library_id) REFERENCES libraries(id) ON DELETE CASCADE,
     CONSTRAINT media_server_items_identity_typed CHECK ((((provider IS NULL) AND (provider_kind IS NULL) AND (provider_id IS NULL)) OR ((provider IS NOT NULL) AND (provider_kind IS NOT NULL) AND (provider_id IS NOT NULL)))),
@@ -83,6 +84,7 @@ CREATE TABLE media_server_items (
     CONSTRAINT media_server_items_rating_check CHECK (((rating >= (0)::numeric) AND (rating <= (10)::numeric))),
     CONSTRAINT media_server_items_recovery_attempts_check CHECK ((recovery_attempts >= 0)),
     CONSTRAINT media_server_items_recovery_case CHECK ((((recovery_case_id IS NULL) = (recovery_category IS NULL)) AND ((recovery_case_id IS NULL) = (recovery_first_failed_at IS NULL)) AND ((recovery_resolved_at IS NULL) OR (recovery_case_id IS NOT NULL)))),
+    CONSTRAINT media_server_items_recovery_cause_attempts_check CHECK (((recovery_cause_attempts >= 0) AND (recovery_cause_attempts <= recovery_attempts))),
     CONSTRAINT media_server_items_recovery_category CHECK ((recovery_category = ANY (ARRAY['not_found'::text, 'auth'::text, 'throttled'::text, 'transient'::text, 'invalid_response'::text, 'configuration'::text])))
 );
 CREATE INDEX media_server_items_library_id_idx ON media_server_items USING btree (library_id);

@@ -65,7 +65,8 @@ class ItemClaim:
     lease_token: UUID
     open_case: bool
     recovery_category: Category | None
-    recovery_attempts: int
+    # Failures of the open case under its current cause (the backoff's exponent).
+    recovery_cause_attempts: int
     replacement: Replacement | None = None
 
     @property
@@ -76,10 +77,12 @@ class ItemClaim:
             return self.replacement.tmdb_id
         return tmdb_id_of(self.provider_id)
 
-    @property
-    def next_attempt(self) -> int:
-        """The recovery attempt number a failure now would be."""
-        return self.recovery_attempts + 1 if self.open_case else 1
+    def attempt_under(self, category: Category) -> int:
+        """The number a failure of this cause now would be among the case's failures
+        under that cause: each cause's backoff starts at its own start."""
+        if self.open_case and self.recovery_category == category:
+            return self.recovery_cause_attempts + 1
+        return 1
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ LEFT JOIN LATERAL approved_replacement(due.id, due.source_generation) AS r ON tr
 WHERE i.id = due.id
 RETURNING i.id, i.title, i.provider_kind, i.provider_id, i.source_generation,
           i.observation_lease_token,
-          i.recovery_case_id, i.recovery_category, i.recovery_attempts, i.recovery_resolved_at,
+          i.recovery_case_id, i.recovery_category, i.recovery_cause_attempts, i.recovery_resolved_at,
           r.proposal_id, r.tmdb_id AS replacement_tmdb_id;
 
 -- name: claim_replacements
@@ -101,7 +101,7 @@ FROM due
 WHERE i.id = due.id
 RETURNING i.id, i.title, i.provider_kind, i.provider_id, i.source_generation,
           i.observation_lease_token,
-          i.recovery_case_id, i.recovery_category, i.recovery_attempts, i.recovery_resolved_at,
+          i.recovery_case_id, i.recovery_category, i.recovery_cause_attempts, i.recovery_resolved_at,
           due.proposal_id, due.candidate_tmdb_id AS replacement_tmdb_id;
 
 -- name: completion_lock_timeout
@@ -235,7 +235,8 @@ FROM item, before;
 -- docs/provider-recovery.md#completion-fence.
 -- One guarded statement records the failure on the item's one recovery
 -- record: a new case (fresh opaque id) when none is open, else the same case with its
--- attempts counted and its cause updated; the credential generation the request was
+-- attempts counted and its cause updated (the failures under the cause count anew when
+-- it changes: each cause's backoff starts at its own start); the credential generation the request was
 -- sent with (docs/credentials.md#release); the retry deadline; lease release; counters.
 -- An attempt under an approved replacement records it as attempted. A not_found case
 -- of two or more failures whose source was once observed with external ids is queued
@@ -263,6 +264,10 @@ item AS (
         recovery_attempts = CASE
             WHEN before.recovery_case_id IS NULL OR before.recovery_resolved_at IS NOT NULL
             THEN 1 ELSE i.recovery_attempts + 1 END,
+        recovery_cause_attempts = CASE
+            WHEN before.recovery_case_id IS NULL OR before.recovery_resolved_at IS NOT NULL
+                 OR before.recovery_category IS DISTINCT FROM %(category)s
+            THEN 1 ELSE i.recovery_cause_attempts + 1 END,
         recovery_first_failed_at = CASE
             WHEN before.recovery_case_id IS NULL OR before.recovery_resolved_at IS NOT NULL
             THEN now() ELSE i.recovery_first_failed_at END,

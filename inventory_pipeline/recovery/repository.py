@@ -54,7 +54,7 @@ def _claims(rows: list[Row]) -> list[ItemClaim]:
             lease_token=r["observation_lease_token"],
             open_case=r["recovery_case_id"] is not None and r["recovery_resolved_at"] is None,
             recovery_category=r["recovery_category"],
-            recovery_attempts=r["recovery_attempts"],
+            recovery_cause_attempts=r["recovery_cause_attempts"],
             replacement=None
             if r["proposal_id"] is None
             else Replacement(r["proposal_id"], r["replacement_tmdb_id"]),

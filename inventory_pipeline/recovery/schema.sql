@@ -111,6 +111,7 @@ BEGIN
     NEW.recovery_provider_id := NULL;
     NEW.recovery_category := NULL;
     NEW.recovery_attempts := 0;
+    NEW.recovery_cause_attempts := 0;
     NEW.recovery_first_failed_at := NULL;
     NEW.recovery_last_failed_at := NULL;
     NEW.recovery_resolved_at := NULL;

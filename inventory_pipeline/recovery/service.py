@@ -146,7 +146,9 @@ def complete(
             previous_category=row["previous_category"] if row["resolved"] else None,
             replacement=claim.replacement if row["replaced"] else None,
         )
-    delay = policy.delay(result.category, claim.next_attempt, result.retry_after_seconds, rng)
+    delay = policy.delay(
+        result.category, claim.attempt_under(result.category), result.retry_after_seconds, rng
+    )
     row = repository.complete_failed(conn, claim, result.category, delay, generation)
     if row is None:
         return ObservationResult(claim.item_id, "lost", category=result.category)

@@ -421,3 +421,32 @@ def test_an_attempt_not_recorded_is_warned_with_the_items_title(
             " (DatabaseUnavailable); retried when its lease expires",
         )
     ]
+
+
+def test_each_cause_starts_its_own_backoff(
+    conn: Connection, movies: int, client: TmdbClient, standin: StandIn
+) -> None:
+    """The backoff's exponent counts the failures under the case's current cause, so a
+    long not_found case that turns transient waits the transient start (6-12 h), not the
+    window its not_found failures had grown to; the case keeps counting every attempt."""
+    item = f.tmdb_item(conn, movies, 404405)
+    standin.set_available("movie", 404405, False)
+    for _ in range(10):
+        make_due(conn, item)
+        observe_one(conn, client)
+    row = f.item(conn, item)
+    assert (row["recovery_category"], row["recovery_attempts"]) == ("not_found", 10)
+    make_due(conn, item)
+    standin.set_fault("status", status=502)
+    _, changed = observe_one(conn, client)
+    assert changed.transition == "cause_changed" and changed.attempts == 11
+    due = f.item(conn, item)["observation_due_at"]
+    assert due <= datetime.now(UTC) + timedelta(hours=12, minutes=1)
+    assert due >= datetime.now(UTC) + timedelta(hours=6) - timedelta(minutes=1)
+    # The same cause again doubles from there: 12-24 h.
+    make_due(conn, item)
+    _, repeated = observe_one(conn, client)
+    due = f.item(conn, item)["observation_due_at"]
+    assert repeated.transition == "repeated" and repeated.attempts == 12
+    assert datetime.now(UTC) + timedelta(hours=12) - timedelta(minutes=1) <= due
+    assert due <= datetime.now(UTC) + timedelta(hours=24, minutes=1)
