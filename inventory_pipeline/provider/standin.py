@@ -35,7 +35,8 @@ spaces is a nested bomb of a few KiB; `cut` bytes fewer sent), answer (the given
 `headers` and `raw` body bytes, as they are, framed by a Content-Length), echo_key (a
 record with the request's key in a header), garbage (not JSON), cut_json (a complete
 response whose JSON is cut short), missing (a 200 without required fields), body (a 200
-with the given text, verbatim).
+with the given text, verbatim), compress (every answer as it would be, gzip-coded when the
+request accepts gzip).
 It binds to loopback only and never logs request lines (they carry the key).
 """
 
@@ -310,11 +311,14 @@ class _Handler(BaseHTTPRequestHandler):
     # Headers and body go out in separate writes: with Nagle's algorithm a kept-alive
     # connection would wait out the client's delayed ACK (tens of ms) on every answer.
     disable_nagle_algorithm = True
+    compress = False  # this request's answer goes gzip-coded (the compress fault)
 
     def log_message(self, format: str, *args: Any) -> None:
         return  # request lines carry the API key
 
     def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        if self.compress:
+            body, headers = gzip.compress(body), {**(headers or {}), "Content-Encoding": "gzip"}
         self.send_response(status)
         self.send_header("Content-Type", "application/json;charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
@@ -394,6 +398,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         state = self.server.state
         url = urlsplit(self.path)
+        self.compress = False
         if url.path == "/__standin/stats":
             counts = state.per_second()
             self._json(
@@ -438,6 +443,9 @@ class _Handler(BaseHTTPRequestHandler):
         """Answer with the fault; False when the request should be served normally."""
         if fault.fault == "slow":
             time.sleep(fault.delay)
+            return False
+        if fault.fault == "compress":
+            self.compress = "gzip" in (self.headers.get("Accept-Encoding") or "")
             return False
         if fault.fault == "status":
             body = (

@@ -38,6 +38,10 @@ class RetryPolicy:
     # above it; shortened clocks (the chaos harness) set it explicitly.
     floor_seconds: int = 300
     refresh_seconds: int = 30 * DAY  # periodic re-observation after a success
+    # An attempt a transient database error interrupted (its answer could not be saved)
+    # is due again this much later, with no attempt counted: no run sends it again at once
+    # (docs/provider-recovery.md#database-errors).
+    interrupted_seconds: int = 60
 
     def base(self, category: Category) -> int:
         if category in ("transient", "throttled"):

@@ -340,7 +340,7 @@ SET observation_lease_token = NULL,
                                   now() + make_interval(secs => %(delay_seconds)s))
 WHERE (id, observation_lease_token, source_generation)
     = (%(item_id)s, %(lease_token)s, %(source_generation)s)
-RETURNING id;
+RETURNING id, observation_due_at;
 
 -- name: overdue_cases
 -- Open cases an observation may claim (`observation_due`: an active library and server,

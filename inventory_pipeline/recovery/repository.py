@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -136,9 +137,13 @@ def release_claim(conn: Connection, claim: ItemClaim) -> bool:
     return fetch_one(conn, QUERIES["release_claim"], _guard(claim)) is not None
 
 
-def give_back_interrupted(conn: Connection, claim: ItemClaim, delay_seconds: float) -> bool:
+def give_back_interrupted(
+    conn: Connection, claim: ItemClaim, delay_seconds: float
+) -> datetime | None:
+    """The claim's item given back; when it is due again (None: the claim was lost)."""
     params = {**_guard(claim), "delay_seconds": delay_seconds}
-    return fetch_one(conn, QUERIES["give_back_interrupted"], params) is not None
+    row = fetch_one(conn, QUERIES["give_back_interrupted"], params)
+    return None if row is None else row["observation_due_at"]
 
 
 def overdue_cases(conn: Connection, grace_seconds: int, limit: int = 20) -> Overdue:

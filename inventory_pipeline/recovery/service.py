@@ -48,9 +48,6 @@ LEASE_SECONDS = 300  # a five-minute attempt lease (docs/provider-recovery.md#cl
 # pausing 0.2 s, then 0.4 s: no request is sent again.
 COMPLETION_TRIES = 3
 COMPLETION_PAUSE_SECONDS = 0.2
-# An attempt a transient database error interrupted is due again this much later: no
-# run sends it again at once (docs/provider-recovery.md#database-errors).
-INTERRUPTED_RETRY_SECONDS = 60
 OBSERVER = "inventory_pipeline.observer"  # application_name of a run's sessions
 Level = Literal["warning", "info"]
 Answer = TypeVar("Answer")
@@ -191,7 +188,7 @@ def observe_claim(
     try:
         result = fetch(conn, claim, client, settings)
     except TRANSIENT as exc:
-        return give_back(conn, claim, exc)
+        return give_back(conn, claim, exc, policy)
     except DatabaseError:
         raise
     except Exception as exc:
@@ -202,7 +199,7 @@ def observe_claim(
             recorded = complete(conn, claim, result, policy, generation=settings.generation)
         except TRANSIENT as exc:
             if attempt == COMPLETION_TRIES:
-                return give_back(conn, claim, exc)
+                return give_back(conn, claim, exc, policy)
             time.sleep(COMPLETION_PAUSE_SECONDS * attempt)
             attempt += 1
             continue
@@ -214,15 +211,20 @@ def first_line(exc: Exception) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def give_back(conn: Connection, claim: ItemClaim, exc: Exception) -> ObservationResult:
+def give_back(
+    conn: Connection, claim: ItemClaim, exc: Exception, policy: RetryPolicy
+) -> ObservationResult:
     """A claim a transient database error interrupted goes back unrecorded (no attempt,
-    no case), due again INTERRUPTED_RETRY_SECONDS later; if even that fails, its lease
+    no case), due again `policy.interrupted_seconds` later; if even that fails, its lease
     ends it."""
+    due = None
     try:
-        repository.give_back_interrupted(conn, claim, INTERRUPTED_RETRY_SECONDS)
+        due = repository.give_back_interrupted(conn, claim, policy.interrupted_seconds)
     except TRANSIENT:
         pass
-    return ObservationResult(claim.item_id, "interrupted", error=type(exc).__name__)
+    return ObservationResult(
+        claim.item_id, "interrupted", next_attempt_at=due, error=type(exc).__name__
+    )
 
 
 def observe(
@@ -393,8 +395,9 @@ def notice(result: ObservationResult) -> tuple[Level, str] | None:
     if result.outcome == "interrupted":
         return (
             "info",
-            f"{item}: attempt not recorded ({result.error}); given back, due again in"
-            f" {INTERRUPTED_RETRY_SECONDS} s",
+            f"{item}: attempt not recorded ({result.error}); given back, next attempt {due}"
+            if result.next_attempt_at
+            else f"{item}: attempt not recorded ({result.error}); retried when its lease expires",
         )
     if result.transition == "opened":
         return (

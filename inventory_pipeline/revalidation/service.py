@@ -161,7 +161,7 @@ def revalidate_claim(
     """One check, start to finish. A database error is never a provider outcome: a
     transient one (deadlock, serialization, lock or statement timeout) gives the claim
     back unrecorded (`error`, no fault counted), due again no sooner than
-    recovery.INTERRUPTED_RETRY_SECONDS later (no immediate retry), a lost session
+    `policy.interrupted_seconds` later (no immediate retry), a lost session
     leaves the claim to its lease, and any other one is raised. Any other exception is a
     defect in handling this case's answers: it is recorded as an invalid_response fault
     (its class name kept), so one case never fails a run nor comes back at once."""
@@ -169,7 +169,7 @@ def revalidate_claim(
         return complete(conn, claim, lookup(conn, claim, client, settings), policy)
     except TRANSIENT as exc:
         try:
-            repository.give_back_interrupted(conn, claim, recovery.INTERRUPTED_RETRY_SECONDS)
+            repository.give_back_interrupted(conn, claim, policy.interrupted_seconds)
         except TRANSIENT:
             pass  # its lease ends it
         return RevalidationResult(

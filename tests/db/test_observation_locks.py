@@ -146,7 +146,7 @@ def test_a_completion_that_cannot_get_its_item_leaves_the_claim_without_an_attem
         (item,),
     )
     assert due is not None
-    assert due["wait"].total_seconds() > service.INTERRUPTED_RETRY_SECONDS - 5
+    assert due["wait"].total_seconds() > RetryPolicy().interrupted_seconds - 5
     execute(conn, "UPDATE media_server_items SET observation_due_at = now() WHERE id = %s", (item,))
     [again] = service.claim(conn, 1)  # the test clock: the minute has passed
     assert again.item_id == item

@@ -19,6 +19,7 @@ from inventory_pipeline.provider.standin import StandIn
 from inventory_pipeline.provider.tmdb import TmdbClient
 from inventory_pipeline.recovery import service as recovery
 from inventory_pipeline.recovery.models import Deferred
+from inventory_pipeline.recovery.policy import RetryPolicy
 from inventory_pipeline.revalidation import service
 from inventory_pipeline.revalidation.models import ProposalRefused
 from tests import factories as f
@@ -370,7 +371,7 @@ def test_a_transient_database_error_gives_the_case_back_without_a_fault(
         (claim.case_id,),
     )
     assert wait is not None
-    assert wait["wait"].total_seconds() > recovery.INTERRUPTED_RETRY_SECONDS - 5
+    assert wait["wait"].total_seconds() > RetryPolicy().interrupted_seconds - 5
 
 
 def test_any_other_database_error_is_raised_not_recorded(

@@ -119,3 +119,19 @@ def test_an_incompressible_body_at_the_limit_is_read_through_two_layers() -> Non
     assert read_limited([twice], ["gzip", "gzip"], len(body), time.monotonic() + 5) == body
     with pytest.raises(BodyTooLarge):
         read_limited([twice], ["gzip", "gzip"], len(body) - 1, time.monotonic() + 5)
+
+
+def test_every_answer_of_the_compressing_provider_ends_as_uncompressed(
+    standin: StandIn, client: TmdbClient
+) -> None:
+    """The stand-in's compress fault: a record, a 404 and a 401 each come gzip-coded (the
+    client asks for gzip) and each reads as it would uncoded."""
+    standin.set_fault("compress")
+    assert isinstance(observed := client.fetch("movie", 11, KEY), Observation)
+    assert observed.tmdb_id == 11
+    standin.set_available("movie", 12, False)
+    missing = client.fetch("movie", 12, KEY)
+    assert isinstance(missing, Failure) and missing.category == "not_found"
+    wrong = client.fetch("movie", 11, "not-the-key")
+    assert isinstance(wrong, Failure) and wrong.category == "auth"
+    assert len(standin.state.paths) == 3
