@@ -338,6 +338,24 @@ CREATE TABLE chaos_item_completions (
     source_generation bigint NOT NULL,
     completed_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+-- A claim given back without an attempt counted (released unsent, or given back after an
+-- interruption), with how long after the give-back its item is due (due_in_seconds).
+CREATE TABLE chaos_item_givebacks (
+    seq bigint NOT NULL DEFAULT nextval('chaos_event_seq'),
+    item_id bigint NOT NULL,
+    lease_token uuid NOT NULL,
+    source_generation bigint NOT NULL,
+    due_in_seconds double precision NOT NULL,
+    given_back_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+-- The claims an observer reported `interrupted` (its answer could not be saved), written
+-- by the harness's observers: whether it was observed under an approved replacement
+-- (such a claim is due whatever its item's due time).
+CREATE TABLE chaos_interruptions (
+    item_id bigint NOT NULL,
+    lease_token uuid NOT NULL,
+    replacement boolean NOT NULL
+);
 -- Credential wakeup releases: one row per released case, grouped into batches by the
 -- releasing transaction; xact_start is that transaction's start (the instant the
 -- spacing is measured from), released_at the event clock.
@@ -370,6 +388,12 @@ BEGIN
     ELSIF NEW.observation_attempts > OLD.observation_attempts THEN
         INSERT INTO chaos_item_completions (item_id, lease_token, source_generation)
         VALUES (NEW.id, OLD.observation_lease_token, NEW.source_generation);
+    ELSIF NEW.observation_lease_token IS NULL AND OLD.observation_lease_token IS NOT NULL
+          AND NEW.source_generation = OLD.source_generation THEN
+        INSERT INTO chaos_item_givebacks (item_id, lease_token, source_generation,
+                                          due_in_seconds)
+        VALUES (NEW.id, OLD.observation_lease_token, NEW.source_generation,
+                extract(epoch FROM NEW.observation_due_at - clock_timestamp()));
     END IF;
     IF NEW.recovery_wakeup_generation IS NOT NULL
        AND NEW.recovery_wakeup_generation IS DISTINCT FROM OLD.recovery_wakeup_generation THEN

@@ -28,6 +28,7 @@ RETRY_POLICY = RetryPolicy(
     cap_seconds=6,
     floor_seconds=1,
     refresh_seconds=30 * 86400,  # a success is not re-observed during the run
+    interrupted_seconds=3,
 )
 
 # The one settings row's budgets (docs/training-stats.md#settings), shortened; the lease
@@ -174,6 +175,27 @@ SQUEEZED_COMPUTE_BUDGET_MS = 100
 # the same operations whatever the threads' timing): no compute would reach its
 # publication.
 PUBLICATION_LOCK_WAIT_AT = (0.15, 0.4)
+# A sync program holds a library's inventory state (an uncommitted captured write) past an
+# observation's completion tries (3 x the 2 s lock timeout): at these fractions of the run
+# and as a drawn operation. The completion is interrupted and the item given back due
+# RETRY_POLICY.interrupted_seconds later; nobody may send it again sooner. The harness's
+# 3 s lease is shorter than those tries, production's five minutes far longer: the held
+# claim's lease is lengthened as production's would cover it. The sync commits once the
+# item is given back, or after LIBRARY_HOLD_SECONDS.
+LIBRARY_HOLD_AT = (0.3, 0.75)
+# The stand-in gzip-codes its answers from this fraction of the run until the next drawn
+# provider fault (and as a drawn fault); each must be read as if uncoded.
+COMPRESS_AT = 0.1
+# The stand-in answers with a nested gzip bomb (a few KiB that decode to 256 MiB) from this
+# fraction of the run until the next drawn provider fault (and as a drawn fault): each
+# must end as an invalid_response without an observer's memory growing past
+# OBSERVER_MEMORY_GROWTH_MIB.
+BOMB_AT = 0.85
+LIBRARY_HOLD_SECONDS = 12.0
+LIBRARY_HOLD_LEASE_SECONDS = 15
+# What an observer's process may hold above its size when it started: its answers are at
+# most 64 KiB decoded, so a nested-gzip bomb decoded without bound passes this at once.
+OBSERVER_MEMORY_GROWTH_MIB = 64
 # An operator cancels a stats worker's stage call in flight: at this fraction of the run
 # and as a drawn operation. A stage of a small account lasts a few milliseconds, so the
 # operator watches for one for up to CANCEL_LOOK_SECONDS, beside the operations; the

@@ -533,6 +533,28 @@ def inactive_claims(conn: Connection, margin_seconds: float = 1.0) -> list[str]:
     ]
 
 
+def interruptions(conn: Connection) -> tuple[list[str], int]:
+    """An observation whose answer could not be saved (a sync program held its library
+    past the completion's tries) goes back due RETRY_POLICY.interrupted_seconds later,
+    so no run sends it again at once (docs/provider-recovery.md#database-errors); a
+    claim under an approved replacement is due whatever its item's due time. Also how
+    many interrupted claims were given back: a run with none proves nothing here."""
+    rows = fetch_all(
+        conn,
+        "SELECT x.item_id, g.due_in_seconds FROM chaos_interruptions x"
+        " JOIN chaos_item_givebacks g ON g.lease_token = x.lease_token"
+        " WHERE NOT x.replacement ORDER BY g.seq",
+    )
+    least = RETRY_POLICY.interrupted_seconds - 0.5
+    out = [
+        f"item {r['item_id']}: an interrupted observation was given back due in"
+        f" {r['due_in_seconds']:.1f} s, not {RETRY_POLICY.interrupted_seconds} s"
+        for r in rows
+        if r["due_in_seconds"] < least
+    ]
+    return out, len(rows)
+
+
 def nothing_stuck(conn: Connection) -> list[str]:
     """Whatever is left open has a due retry within the longest legitimate delay (an
     inactive library's cases wait for it, as its profile requests do)."""

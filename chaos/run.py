@@ -34,9 +34,11 @@ from chaos.config import (
     API_KEY,
     AUTH_BACKLOG_AT,
     BACKLOG_AT,
+    BOMB_AT,
     CANCEL_AT,
     CLAIM_KILL_CHANCE,
     CLAIM_KILL_LOOKS,
+    COMPRESS_AT,
     DAEMON_FIRST_ACK_SECONDS,
     DIRTY_DRAIN_MARGIN,
     EMPTY_USER_AT,
@@ -46,6 +48,7 @@ from chaos.config import (
     FAULTS_OWED_AT,
     KILL_CHANCE,
     LATE_AUTH_RELEASE_SECONDS,
+    LIBRARY_HOLD_AT,
     MAX_DIRTY_SECONDS,
     MAX_QUIESCE_SECONDS,
     MAX_RECLAIM_SHARE,
@@ -76,7 +79,7 @@ from chaos.daemon import Daemon, dagster_divergences
 from chaos.partition import WORKER_HOSTS, DeployedDagster, Site, fault_divergences, remote
 from chaos.servers import Server
 from chaos.worker import ROLES, application_name
-from chaos.workload import Workload, drop_writer_role
+from chaos.workload import BOMB, FAULTS, Workload, drop_writer_role
 from inventory_pipeline.cli import lease_lines
 from inventory_pipeline.db import (
     Connection,
@@ -90,7 +93,7 @@ from inventory_pipeline.db.connection import create_database, drop_database, url
 from inventory_pipeline.db.migrator import migrate
 from inventory_pipeline.leases import service as leases
 from inventory_pipeline.provider import admission
-from inventory_pipeline.provider.standin import StandIn
+from inventory_pipeline.provider.standin import StandIn, encoded
 from inventory_pipeline.stats import runbook, service
 from tests.factories import tables_containing
 
@@ -168,6 +171,13 @@ class Report:
     # state row, by how they ended.
     cancels: Counter[str] = field(default_factory=Counter)
     lock_waits: Counter[str] = field(default_factory=Counter)
+    # Libraries a sync program held past an observation's completion, by how the held
+    # claim ended; interrupted observations given back (the audit's count); answers the
+    # stand-in sent gzip-coded.
+    library_holds: Counter[str] = field(default_factory=Counter)
+    interrupted: int = 0
+    compressed: int = 0
+    bombs: int = 0
     squeezes: int = 0
     edits_during_compute: int = 0
     exhausted_retried: int = 0  # by the runbook while settling
@@ -202,6 +212,9 @@ class Report:
             f" settling {self.exhausted_retried}, stage calls cancelled"
             f" {counted(self.cancels)}, publications waiting on a held state row"
             f" {counted(self.lock_waits)}",
+            f"libraries held past an observation's completion: {counted(self.library_holds)},"
+            f" interrupted observations given back {self.interrupted}; answers gzip-coded"
+            f" {self.compressed}; bombs sent {self.bombs}",
             f"audit: {self.audit}",
             f"merges injected: {counted(self.merges)}; operator decisions:"
             f" {counted(self.reviewed)}; replacements: {self.replacements}",
@@ -729,6 +742,9 @@ def run(
                 reconnect=lambda: connect(url, application_name="chaos.workload"),
             )
             workload.setup()
+            for fault, options in FAULTS:  # each bomb coded once, before the chaos
+                if fault == "encoded":
+                    encoded(options["encoding"], options["size"], None)
             if site is not None:
                 site.serve(standin)
             harness = Harness(url, standin, Path(logs), report, server, site)
@@ -752,6 +768,9 @@ def run(
                 report.unsupported = workload.unsupported
                 report.squeezes = workload.squeezes
                 report.cancels, report.lock_waits = workload.cancels, workload.lock_waits
+                report.library_holds = workload.library_holds
+                report.compressed = standin.state.compressed
+                report.bombs = standin.state.encoded
                 report.merges = workload.merges
                 report.reviewed.update(workload.reviewed)
                 report.edits_during_compute = workload.edits_during_compute
@@ -825,6 +844,8 @@ def _checks(conn: Connection, report: Report, harness: Harness) -> list[str]:
     out += invariants.no_attempt_burned_unworked(conn)
     out += invariants.wakeups(conn, WAKEUP_RELEASE_LIMIT, WAKEUP_SPACING_SECONDS)
     out += invariants.nothing_stuck(conn)
+    interrupted, report.interrupted = invariants.interruptions(conn)
+    out += interrupted
     out += invariants.recorded_errors(conn)
     out += invariants.stats_leases(conn)
     out += invariants.release_rules(conn)
@@ -864,6 +885,8 @@ def _chaos(
     auth_backlog = int(total * AUTH_BACKLOG_AT)
     squeeze, rebuild = int(total * SQUEEZE_AT), int(total * REBUILD_AT)
     lock_waits = {int(total * at) for at in PUBLICATION_LOCK_WAIT_AT}
+    library_holds = {int(total * at) for at in LIBRARY_HOLD_AT}
+    compress, bomb = int(total * COMPRESS_AT), int(total * BOMB_AT)
     cancel = int(total * CANCEL_AT)
     empty_user = int(total * EMPTY_USER_AT)
     merge_batches = {int(total * at) for at in MERGE_AT}
@@ -891,6 +914,12 @@ def _chaos(
                     "publication_lock_wait",
                     functools.partial(workload.publication_lock_wait, op == min(lock_waits)),
                 )
+            if op in library_holds:
+                workload.apply("hold_library", workload.hold_library)
+            if op == compress:
+                workload.apply("compress", lambda: workload.standin.set_fault("compress"))
+            if op == bomb:
+                workload.apply("bomb", lambda: workload.standin.set_fault("encoded", **BOMB))
             if op == cancel:
                 workload.apply("cancel_stage", workload.cancel_stage)
             if op == rebuild:
@@ -997,6 +1026,9 @@ def exercised(report: Report, restartable: bool = False) -> dict[str, int]:
         "budget squeeze": report.squeezes,
         "stage cancel": sum(report.cancels.values()),
         "publication lock wait": sum(report.lock_waits.values()),
+        "interrupted observation": report.interrupted,
+        "compressed answer": report.compressed,
+        "decompression bomb": report.bombs,
     }
     if restartable:
         out["server restart"] = report.restarts

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import resource
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ from chaos.config import (
     DRAINER_LIFETIME_SECONDS,
     DRAINER_RECHECK_SECONDS,
     LEASE_SECONDS,
+    OBSERVER_MEMORY_GROWTH_MIB,
     PROFILE_POLICY,
     RETRY_POLICY,
     REVALIDATIONS_PER_HOUR,
@@ -119,13 +121,21 @@ class StallingClient(TmdbClient):
         return result
 
 
+def peak_mib() -> int:
+    """The most memory this process has held (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+
+
 def observer(provider_url: str) -> Step:
     """What an observation run does, one batch per step through the same service calls
     (take nothing while the provider's throttling pauses admission; one attempt per
-    claim), with each claim's token declared for the audit."""
+    claim), with each claim's token declared for the audit, each interrupted claim
+    reported to it, and the process's peak memory checked after every answer."""
     client = StallingClient(provider_url, timeout_seconds=1.0, max_body_bytes=64 * 1024)
+    bound = peak_mib() + OBSERVER_MEMORY_GROWTH_MIB
 
     def step(conn: Connection) -> bool:
+        nonlocal bound
         if recovery.admission_paused_seconds(conn) > 0:
             return False
         claims = recovery.claim(conn, 4, LEASE_SECONDS)
@@ -135,6 +145,21 @@ def observer(provider_url: str) -> Step:
             result = recovery.observe_claim(conn, claim, client, settings, RETRY_POLICY)
             if result.outcome == "failed" and result.error is not None:
                 swallowed("observer", result.item_id, result.error)
+            if result.outcome == "interrupted":
+                execute(
+                    conn,
+                    "INSERT INTO chaos_interruptions (item_id, lease_token, replacement)"
+                    " VALUES (%s, %s, %s)",
+                    (claim.item_id, claim.lease_token, claim.replacement is not None),
+                )
+            if peak_mib() > bound:
+                print(
+                    f"observer: MemoryBound: item {claim.item_id}: peak {peak_mib()} MiB,"
+                    f" over its bound of {bound} MiB",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                bound = peak_mib()  # one line per excess
         return bool(claims)
 
     return step

@@ -33,6 +33,8 @@ from chaos.config import (
     LARGE_EXERCISES,
     LARGE_IMPORT_SESSIONS,
     LARGE_USERS,
+    LIBRARY_HOLD_LEASE_SECONDS,
+    LIBRARY_HOLD_SECONDS,
     LOCK_WAIT_CALM_OPERATIONS,
     LOCK_WAIT_LOOK_SECONDS,
     MERGE_VARIANTS,
@@ -100,6 +102,8 @@ STAGE_IN_FLIGHT = (
     "  OR a.query LIKE '%stats_projection_statement_budget(%')"
     " ORDER BY random() LIMIT 1"
 )
+# A nested gzip bomb: a few KiB that decode to 256 MiB.
+BOMB: dict[str, Any] = {"encoding": ("gzip", "gzip"), "size": 256 << 20}
 FAULTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("status", {"status": 500}),
     ("status", {"status": 503}),
@@ -109,6 +113,24 @@ FAULTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("close", {}),
     ("slow", {"delay": 1.5}),
     ("missing", {}),
+    ("compress", {}),
+    ("encoded", BOMB),
+)
+# A typed item an observer can claim once it is due, with a readable TMDb id the stand-in
+# knows (ids divisible by 17 are missing there), in a library with another item: the
+# sync program's write holds the library through that other item.
+HOLDABLE = (
+    "SELECT i.id, i.library_id,"
+    " (SELECT o.id FROM media_server_items o WHERE o.library_id = i.library_id"
+    "  AND o.id <> i.id ORDER BY o.id LIMIT 1) AS other"
+    " FROM media_server_items i JOIN libraries l ON l.id = i.library_id"
+    " JOIN media_servers m ON m.id = l.server_id"
+    " WHERE i.provider = 'tmdb' AND i.provider_kind IN ('movie', 'tv')"
+    " AND l.active AND m.active AND l.media_kind IN ('movie', 'tv')"
+    " AND i.observation_lease_token IS NULL AND tmdb_id_of(i.provider_id) % 17 <> 0"
+    " AND EXISTS (SELECT 1 FROM media_server_items o"
+    "             WHERE o.library_id = i.library_id AND o.id <> i.id)"
+    " ORDER BY md5(i.id::text) LIMIT 1"
 )
 # Typed TMDb identities no TMDb id can be read from: a superscript digit, Arabic-Indic
 # digits (isdigit() accepts both), signs, spaces, letters, empty, and numbers past any
@@ -187,6 +209,9 @@ class Workload:
     # state row an application held, by how they ended (cancelled, timed out).
     cancels: Counter[str] = field(default_factory=Counter)
     lock_waits: Counter[str] = field(default_factory=Counter)
+    # Libraries a sync program held past an observation's completion, by how the held
+    # claim ended (interrupted and given back, or another way).
+    library_holds: Counter[str] = field(default_factory=Counter)
     bad_saves_refused: int = 0
     app: Connection | None = None
     squeeze_hold: Connection | None = None  # holds the private output tables in a squeeze
@@ -863,6 +888,91 @@ class Workload:
         finally:
             execute(app, "COMMIT")
 
+    def hold_library(self) -> None:
+        """A sync program's transaction holds a library's inventory state (a captured
+        write to one item) while an observer's answer for another item of it comes: the
+        completion waits out its tries and gives the claim back. The item is made due
+        first in line, the provider's faults cleared; the hold runs beside the
+        operations, on connections of its own, until the claim ends (at most
+        LIBRARY_HOLD_SECONDS)."""
+        if self.reconnect is None or self.storm_left:
+            return  # a storm keeps the observers from claiming
+        self.standin.clear_fault()
+        reconnect = self.reconnect
+
+        def hold() -> None:
+            try:
+                with reconnect() as aux, reconnect() as sync:
+                    self._hold_library(aux, sync)
+            except DatabaseError as exc:
+                self._refused("hold_library", exc)
+
+        thread = threading.Thread(target=hold, name="chaos-library-hold", daemon=True)
+        self.lock_wait_holds.append(thread)
+        thread.start()
+
+    def _hold_library(self, aux: Connection, sync: Connection) -> None:
+        target = fetch_one(aux, HOLDABLE)
+        if target is None:
+            return
+        item = int(target["id"])
+        execute(sync, "BEGIN")
+        try:
+            execute(  # a change of a captured column: the library's state is held
+                sync,
+                "UPDATE media_server_items SET rating = CASE WHEN rating = 1 THEN 2 ELSE 1 END"
+                " WHERE id = %s",
+                (target["other"],),
+            )
+            execute(
+                aux,
+                "UPDATE media_server_items SET observation_due_at = now() - interval '1 hour'"
+                " WHERE id = %s AND observation_lease_token IS NULL",
+                (item,),
+            )
+            deadline = time.monotonic() + LIBRARY_HOLD_SECONDS
+            token = None
+            while token is None and time.monotonic() < deadline:
+                row = fetch_one(
+                    aux,
+                    "SELECT observation_lease_token FROM media_server_items WHERE id = %s",
+                    (item,),
+                )
+                token = None if row is None else row["observation_lease_token"]
+                time.sleep(0.02)
+            if token is None:
+                outcome = "never claimed"
+            else:
+                # The lease production's five minutes would give it.
+                execute(
+                    aux,
+                    "UPDATE media_server_items SET observation_lease_expires_at"
+                    " = now() + make_interval(secs => %s)"
+                    " WHERE id = %s AND observation_lease_token = %s",
+                    (LIBRARY_HOLD_LEASE_SECONDS, item, token),
+                )
+                outcome = "not given back"
+                while time.monotonic() < deadline:
+                    ended = fetch_one(
+                        aux,
+                        "SELECT (SELECT count(*) FROM chaos_item_givebacks"
+                        "        WHERE lease_token = %(token)s) AS given_back,"
+                        " (SELECT count(*) FROM media_server_items WHERE id = %(item)s"
+                        "        AND observation_lease_token = %(token)s) AS held",
+                        {"token": token, "item": item},
+                    )
+                    if ended is not None and ended["given_back"]:
+                        outcome = "given back"
+                        break
+                    if ended is not None and not ended["held"]:
+                        outcome = "ended otherwise"  # e.g. its library or source changed
+                        break
+                    time.sleep(0.05)
+        finally:
+            execute(sync, "COMMIT")
+        with self.lock:
+            self.library_holds[outcome] += 1
+
     def cancel_stage(self) -> None:
         """An operator cancels a stats worker's stage call in flight (pg_cancel_backend),
         whichever statement it is in: a claim is made again, a compute or publication is
@@ -1122,6 +1232,7 @@ class Workload:
             ("save_large", self.save_large, 4),
             ("held_claim", self.held_claim, 1),
             ("publication_lock_wait", self.publication_lock_wait, 0.3),
+            ("hold_library", self.hold_library, 0.3),
             ("cancel_stage", self.cancel_stage, 1),
             ("scoped_process", self.scoped_process, 2),
             ("bad_save", self.bad_save, 1),

@@ -191,6 +191,8 @@ class StandInState:
     missing_every: int | None = None  # demo: ids divisible by this are unknown
     fault: Fault | None = None
     arrivals: list[float] = field(default_factory=list)
+    compressed: int = 0  # answers the compress fault gzip-coded
+    encoded: int = 0  # answers the encoded fault sent
     paths: list[str] = field(default_factory=list)  # of each request, never its query
     dripped: int = 0  # bytes of a header drip written before the client hung up
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -319,6 +321,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
         if self.compress:
             body, headers = gzip.compress(body), {**(headers or {}), "Content-Encoding": "gzip"}
+            with self.server.state.lock:
+                self.server.state.compressed += 1
         self.send_response(status)
         self.send_header("Content-Type", "application/json;charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
@@ -489,6 +493,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(payload)
         elif fault.fault == "encoded":
             payload = encoded(fault.encoding, fault.size, fault.body)
+            with self.server.state.lock:
+                self.server.state.encoded += 1
             self._send(
                 200,
                 payload[: len(payload) - fault.cut],
