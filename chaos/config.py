@@ -176,18 +176,19 @@ SQUEEZED_COMPUTE_BUDGET_MS = 100
 # publication.
 PUBLICATION_LOCK_WAIT_AT = (0.15, 0.4)
 # A sync program holds a library's inventory state (an uncommitted captured write) past an
-# observation's completion tries (3 x the 2 s lock timeout): at these fractions of the run
-# and as a drawn operation. The completion is interrupted and the item given back due
+# observation's completion tries (3 x the 2 s lock timeout): at these fractions of the
+# run. The completion is interrupted and the item given back due
 # RETRY_POLICY.interrupted_seconds later; nobody may send it again sooner. The harness's
 # 3 s lease is shorter than those tries, production's five minutes far longer: the held
 # claim's lease is lengthened as production's would cover it. The sync commits once the
 # item is given back, or after LIBRARY_HOLD_SECONDS.
 LIBRARY_HOLD_AT = (0.3, 0.75)
-# The stand-in gzip-codes its answers from this fraction of the run until the next drawn
-# provider fault (and as a drawn fault); each must be read as if uncoded.
+# The stand-in gzip-codes its answers from this fraction of the run, for at least
+# KEPT_FAULT_OPERATIONS operations (and as a drawn fault); each must be read as if uncoded.
 COMPRESS_AT = 0.1
+KEPT_FAULT_OPERATIONS = 16
 # The stand-in answers with a nested gzip bomb (a few KiB that decode to 256 MiB) from this
-# fraction of the run until the next drawn provider fault (and as a drawn fault): each
+# fraction of the run, as the compression above (and as a drawn fault): each
 # must end as an invalid_response without an observer's memory growing past
 # OBSERVER_MEMORY_GROWTH_MIB.
 BOMB_AT = 0.85

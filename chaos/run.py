@@ -917,9 +917,9 @@ def _chaos(
             if op in library_holds:
                 workload.apply("hold_library", workload.hold_library)
             if op == compress:
-                workload.apply("compress", lambda: workload.standin.set_fault("compress"))
+                workload.apply("compress", lambda: workload.keep_fault("compress", {}))
             if op == bomb:
-                workload.apply("bomb", lambda: workload.standin.set_fault("encoded", **BOMB))
+                workload.apply("bomb", lambda: workload.keep_fault("encoded", BOMB))
             if op == cancel:
                 workload.apply("cancel_stage", workload.cancel_stage)
             if op == rebuild:

@@ -18,7 +18,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from chaos import replacements
@@ -30,6 +30,7 @@ from chaos.config import (
     CANCEL_LOOK_SECONDS,
     EXPECTED_SQLSTATE_CLASSES,
     EXPECTED_SQLSTATES,
+    KEPT_FAULT_OPERATIONS,
     LARGE_EXERCISES,
     LARGE_IMPORT_SESSIONS,
     LARGE_USERS,
@@ -197,6 +198,7 @@ class Workload:
     storms: list[tuple[float, float]] = field(default_factory=list)  # epoch seconds
     storm_started: float | None = None
     storm_left: int = 0
+    kept_left: int = 0  # operations in which a fixed point's provider fault stays set
     # The stats side: accounts past one compute batch, users emptied for good, budget
     # squeezes, rebuilds beside the writes.
     large_users: list[uuid.UUID] = field(default_factory=list)
@@ -893,8 +895,9 @@ class Workload:
         write to one item) while an observer's answer for another item of it comes: the
         completion waits out its tries and gives the claim back. The item is made due
         first in line, the provider's faults cleared; the hold runs beside the
-        operations, on connections of its own, until the claim ends (at most
-        LIBRARY_HOLD_SECONDS)."""
+        operations, on connections of its own, until a claim in the library is given
+        back or the held one ends (at most LIBRARY_HOLD_SECONDS). The operations that
+        write the library meanwhile wait for it, as they would for a real sync."""
         if self.reconnect is None or self.storm_left:
             return  # a storm keeps the observers from claiming
         self.standin.clear_fault()
@@ -930,6 +933,7 @@ class Workload:
                 " WHERE id = %s AND observation_lease_token IS NULL",
                 (item,),
             )
+            since = datetime.now(UTC)  # the server is on this machine: one clock
             deadline = time.monotonic() + LIBRARY_HOLD_SECONDS
             token = None
             while token is None and time.monotonic() < deadline:
@@ -943,23 +947,31 @@ class Workload:
             if token is None:
                 outcome = "never claimed"
             else:
-                # The lease production's five minutes would give it.
-                execute(
-                    aux,
-                    "UPDATE media_server_items SET observation_lease_expires_at"
-                    " = now() + make_interval(secs => %s)"
-                    " WHERE id = %s AND observation_lease_token = %s",
-                    (LIBRARY_HOLD_LEASE_SECONDS, item, token),
-                )
+                # An observer's batch may hold several items of the library, each waiting
+                # out the completion's tries in turn: every live claim there gets the lease
+                # production's five minutes would give it, until one is given back.
                 outcome = "not given back"
                 while time.monotonic() < deadline:
                     ended = fetch_one(
                         aux,
-                        "SELECT (SELECT count(*) FROM chaos_item_givebacks"
-                        "        WHERE lease_token = %(token)s) AS given_back,"
-                        " (SELECT count(*) FROM media_server_items WHERE id = %(item)s"
-                        "        AND observation_lease_token = %(token)s) AS held",
-                        {"token": token, "item": item},
+                        "WITH lengthened AS ("
+                        "  UPDATE media_server_items SET observation_lease_expires_at"
+                        "   = now() + make_interval(secs => %(lease)s)"
+                        "  WHERE library_id = %(library)s"
+                        "  AND observation_lease_token IS NOT NULL RETURNING id)"
+                        " SELECT EXISTS (SELECT 1 FROM chaos_item_givebacks g"
+                        "   JOIN media_server_items i ON i.id = g.item_id"
+                        "   WHERE i.library_id = %(library)s AND g.given_back_at >= %(since)s)"
+                        "   AS given_back,"
+                        " EXISTS (SELECT 1 FROM media_server_items WHERE id = %(item)s"
+                        "   AND observation_lease_token = %(token)s) AS held",
+                        {
+                            "lease": LIBRARY_HOLD_LEASE_SECONDS,
+                            "library": target["library_id"],
+                            "since": since,
+                            "item": item,
+                            "token": token,
+                        },
                     )
                     if ended is not None and ended["given_back"]:
                         outcome = "given back"
@@ -1136,13 +1148,21 @@ class Workload:
     # -- provider and settings ---------------------------------------------------------
 
     def provider_fault(self) -> None:
-        if self.storm_left:
-            return  # a storm holds the stand-in
+        if self.storm_left or self.kept_left:
+            return  # a storm or a fixed point's fault holds the stand-in
         if self.rng.random() < 0.4:
             self.standin.clear_fault()
             return
         fault, options = self.rng.choice(FAULTS)
         self.standin.set_fault(fault, **options)
+
+    def keep_fault(self, fault: str, options: dict[str, Any]) -> None:
+        """A fixed point's provider fault, kept for KEPT_FAULT_OPERATIONS operations
+        (drawn faults wait), so that observers meet it whatever the draw."""
+        if self.storm_left:
+            return
+        self.standin.set_fault(fault, **options)
+        self.kept_left = KEPT_FAULT_OPERATIONS
 
     def merge(self, count: int = 1) -> None:
         """TMDb folds observed records into others (chaos/replacements.py)."""
@@ -1232,7 +1252,6 @@ class Workload:
             ("save_large", self.save_large, 4),
             ("held_claim", self.held_claim, 1),
             ("publication_lock_wait", self.publication_lock_wait, 0.3),
-            ("hold_library", self.hold_library, 0.3),
             ("cancel_stage", self.cancel_stage, 1),
             ("scoped_process", self.scoped_process, 2),
             ("bad_save", self.bad_save, 1),
@@ -1280,6 +1299,8 @@ class Workload:
                 self.apply("restore_budget", self.restore_budget)
         if self.calm_left:
             self.calm_left -= 1
+        if self.kept_left:
+            self.kept_left -= 1
 
     def apply(self, name: str, apply: Callable[[], None]) -> None:
         if self.conn.closed and self.reconnect is not None:

@@ -331,16 +331,26 @@ RETURNING id;
 -- name: give_back_interrupted
 -- A claim whose answer could not be recorded (a transient database error: another
 -- program's transaction holds what the completion needs) goes back with no attempt
--- counted and no case touched, due again no sooner than %(delay_seconds)s from now: the
--- run that sent it does not send it again at once (no immediate retry loop).
-UPDATE media_server_items
+-- counted and no case touched, due again no sooner than %(delay_seconds)s after it is
+-- given back: the run that sent it does not send it again at once (no immediate retry
+-- loop). The item is locked first and the clock read after: the give-back may wait for
+-- the item behind a sync program's write for longer than the delay, and an UPDATE
+-- computes its new values before it waits for the row.
+WITH held AS (
+    SELECT id
+    FROM media_server_items
+    WHERE (id, observation_lease_token, source_generation)
+        = (%(item_id)s, %(lease_token)s, %(source_generation)s)
+    FOR UPDATE
+)
+UPDATE media_server_items i
 SET observation_lease_token = NULL,
     observation_lease_expires_at = NULL,
-    observation_due_at = greatest(observation_due_at,
-                                  now() + make_interval(secs => %(delay_seconds)s))
-WHERE (id, observation_lease_token, source_generation)
-    = (%(item_id)s, %(lease_token)s, %(source_generation)s)
-RETURNING id, observation_due_at;
+    observation_due_at = greatest(i.observation_due_at,
+                                  clock_timestamp() + make_interval(secs => %(delay_seconds)s))
+FROM held
+WHERE i.id = held.id
+RETURNING i.id, i.observation_due_at;
 
 -- name: overdue_cases
 -- Open cases an observation may claim (`observation_due`: an active library and server,

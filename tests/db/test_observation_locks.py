@@ -18,7 +18,7 @@ import pytest
 
 from inventory_pipeline.db import Connection, DatabaseError, connect, execute, fetch_one
 from inventory_pipeline.provider.tmdb import TmdbClient
-from inventory_pipeline.recovery import service
+from inventory_pipeline.recovery import repository, service
 from inventory_pipeline.recovery.models import ObservationResult
 from inventory_pipeline.recovery.policy import RetryPolicy
 from tests import factories as f
@@ -152,6 +152,34 @@ def test_a_completion_that_cannot_get_its_item_leaves_the_claim_without_an_attem
     assert again.item_id == item
     done = service.observe_claim(conn, again, client, settings, POLICY)
     assert done.outcome == "observed"
+
+
+def test_a_give_back_that_waited_for_its_item_counts_the_delay_from_when_it_wrote(
+    conn: Connection, db_url: str, writer: str, library: int
+) -> None:
+    """The give-back itself may wait for the item behind a sync program's write: the item
+    is due the delay after the give-back wrote, not after it began (a wait longer than
+    the delay would otherwise leave it due at once)."""
+    item = f.tmdb_item(conn, library, 604, original_language=None)
+    [claim] = service.claim(conn, 1)
+    with connect(db_url) as sync, connect(db_url) as observer:
+        observer_pid = backend_pid(observer)
+        with acting_as(sync, writer):
+            execute(sync, "BEGIN")
+            execute(sync, "SELECT 1 FROM media_server_items WHERE id = %s FOR UPDATE", (item,))
+            thread, out = in_thread(lambda: repository.give_back_interrupted(observer, claim, 1))
+            deadline = time.monotonic() + 20
+            while not waiting_for_lock(conn, observer_pid):
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            time.sleep(1.5)  # longer than the delay
+            released = fetch_one(sync, "SELECT clock_timestamp() AS at")
+            execute(sync, "COMMIT")
+        thread.join(timeout=30)
+    [due] = out
+    assert released is not None and due is not None
+    assert due > released["at"]  # type: ignore[operator]
+    assert f.item(conn, item)["observation_lease_token"] is None
 
 
 def test_any_other_database_error_fails_the_run_and_opens_no_case(
