@@ -182,7 +182,8 @@ PUBLICATION_LOCK_WAIT_AT = (0.15, 0.4)
 # 3 s lease is shorter than those tries, production's five minutes far longer: the held
 # claim's lease is lengthened as production's would cover it. The sync commits once the
 # item is given back, or after LIBRARY_HOLD_SECONDS.
-LIBRARY_HOLD_AT = (0.3, 0.75)
+# Both away from the server restart (a hold across it is cut short by it).
+LIBRARY_HOLD_AT = (0.05, 0.75)
 # The stand-in gzip-codes its answers from this fraction of the run, for at least
 # KEPT_FAULT_OPERATIONS operations (and as a drawn fault); each must be read as if uncoded.
 COMPRESS_AT = 0.1
@@ -192,7 +193,7 @@ KEPT_FAULT_OPERATIONS = 16
 # must end as an invalid_response without an observer's memory growing past
 # OBSERVER_MEMORY_GROWTH_MIB.
 BOMB_AT = 0.85
-LIBRARY_HOLD_SECONDS = 12.0
+LIBRARY_HOLD_SECONDS = 9.0
 LIBRARY_HOLD_LEASE_SECONDS = 15
 # What an observer's process may hold above its size when it started: its answers are at
 # most 64 KiB decoded, so a nested-gzip bomb decoded without bound passes this at once.

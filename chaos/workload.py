@@ -120,19 +120,45 @@ FAULTS: tuple[tuple[str, dict[str, Any]], ...] = (
 # A typed item an observer can claim once it is due, with a readable TMDb id the stand-in
 # knows (ids divisible by 17 are missing there), in a library with another item: the
 # sync program's write holds the library through that other item.
+HOLDABLE_ITEM = (
+    "i.provider = 'tmdb' AND i.provider_kind IN ('movie', 'tv')"
+    " AND mod(tmdb_id_of(i.provider_id), 17) <> 0"
+)
 HOLDABLE = (
-    "SELECT i.id, i.library_id,"
+    "SELECT i.library_id,"
     " (SELECT o.id FROM media_server_items o WHERE o.library_id = i.library_id"
     "  AND o.id <> i.id ORDER BY o.id LIMIT 1) AS other"
     " FROM media_server_items i JOIN libraries l ON l.id = i.library_id"
     " JOIN media_servers m ON m.id = l.server_id"
-    " WHERE i.provider = 'tmdb' AND i.provider_kind IN ('movie', 'tv')"
-    " AND l.active AND m.active AND l.media_kind IN ('movie', 'tv')"
-    " AND i.observation_lease_token IS NULL AND tmdb_id_of(i.provider_id) % 17 <> 0"
+    f" WHERE {HOLDABLE_ITEM} AND l.active AND m.active AND l.media_kind IN ('movie', 'tv')"
     " AND EXISTS (SELECT 1 FROM media_server_items o"
     "             WHERE o.library_id = i.library_id AND o.id <> i.id)"
     " ORDER BY md5(i.id::text) LIMIT 1"
 )
+# One look of a library hold: every live claim in the library gets the lease production's
+# five minutes would give it (the harness's 3 s lease is shorter than the completion's
+# tries, and an observer's batch may hold several items of the library, each waiting in
+# turn); with no claim there, an item of it is made due first in line; whether an
+# observation there was interrupted and given back since the hold began.
+HOLD_STEP = (
+    "WITH lengthened AS ("
+    "  UPDATE media_server_items SET observation_lease_expires_at"
+    "   = now() + make_interval(secs => %(lease)s)"
+    "  WHERE library_id = %(library)s AND observation_lease_token IS NOT NULL RETURNING id),"
+    " due AS ("
+    "  UPDATE media_server_items SET observation_due_at = now() - interval '1 hour'"
+    "  WHERE id = (SELECT i.id FROM media_server_items i"
+    f"             WHERE i.library_id = %(library)s AND i.id <> %(other)s AND {HOLDABLE_ITEM}"
+    "              ORDER BY i.observation_due_at, i.id LIMIT 1)"
+    "  AND NOT EXISTS (SELECT 1 FROM lengthened)"
+    "  AND observation_due_at > now() - interval '1 hour' RETURNING id)"
+    " SELECT EXISTS (SELECT 1 FROM chaos_interruptions x"
+    "   JOIN chaos_item_givebacks g ON g.lease_token = x.lease_token"
+    "   JOIN media_server_items i ON i.id = g.item_id"
+    "   WHERE i.library_id = %(library)s AND g.given_back_at >= %(since)s) AS interrupted,"
+    " (SELECT count(*) FROM due) AS made_due"
+)
+HOLD_CLOCKS = {"lease": LIBRARY_HOLD_LEASE_SECONDS}
 # Typed TMDb identities no TMDb id can be read from: a superscript digit, Arabic-Indic
 # digits (isdigit() accepts both), signs, spaces, letters, empty, and numbers past any
 # id. Leading zeros and the int32 edge are odd but readable; they must not crash either.
@@ -918,68 +944,24 @@ class Workload:
         target = fetch_one(aux, HOLDABLE)
         if target is None:
             return
-        item = int(target["id"])
+        library = {"library": target["library_id"], "other": target["other"]}
+        outcome = "not interrupted"
         execute(sync, "BEGIN")
         try:
             execute(  # a change of a captured column: the library's state is held
                 sync,
                 "UPDATE media_server_items SET rating = CASE WHEN rating = 1 THEN 2 ELSE 1 END"
-                " WHERE id = %s",
-                (target["other"],),
-            )
-            execute(
-                aux,
-                "UPDATE media_server_items SET observation_due_at = now() - interval '1 hour'"
-                " WHERE id = %s AND observation_lease_token IS NULL",
-                (item,),
+                " WHERE id = %(other)s",
+                library,
             )
             since = datetime.now(UTC)  # the server is on this machine: one clock
             deadline = time.monotonic() + LIBRARY_HOLD_SECONDS
-            token = None
-            while token is None and time.monotonic() < deadline:
-                row = fetch_one(
-                    aux,
-                    "SELECT observation_lease_token FROM media_server_items WHERE id = %s",
-                    (item,),
-                )
-                token = None if row is None else row["observation_lease_token"]
-                time.sleep(0.02)
-            if token is None:
-                outcome = "never claimed"
-            else:
-                # An observer's batch may hold several items of the library, each waiting
-                # out the completion's tries in turn: every live claim there gets the lease
-                # production's five minutes would give it, until one is given back.
-                outcome = "not given back"
-                while time.monotonic() < deadline:
-                    ended = fetch_one(
-                        aux,
-                        "WITH lengthened AS ("
-                        "  UPDATE media_server_items SET observation_lease_expires_at"
-                        "   = now() + make_interval(secs => %(lease)s)"
-                        "  WHERE library_id = %(library)s"
-                        "  AND observation_lease_token IS NOT NULL RETURNING id)"
-                        " SELECT EXISTS (SELECT 1 FROM chaos_item_givebacks g"
-                        "   JOIN media_server_items i ON i.id = g.item_id"
-                        "   WHERE i.library_id = %(library)s AND g.given_back_at >= %(since)s)"
-                        "   AS given_back,"
-                        " EXISTS (SELECT 1 FROM media_server_items WHERE id = %(item)s"
-                        "   AND observation_lease_token = %(token)s) AS held",
-                        {
-                            "lease": LIBRARY_HOLD_LEASE_SECONDS,
-                            "library": target["library_id"],
-                            "since": since,
-                            "item": item,
-                            "token": token,
-                        },
-                    )
-                    if ended is not None and ended["given_back"]:
-                        outcome = "given back"
-                        break
-                    if ended is not None and not ended["held"]:
-                        outcome = "ended otherwise"  # e.g. its library or source changed
-                        break
-                    time.sleep(0.05)
+            while time.monotonic() < deadline:
+                row = fetch_one(aux, HOLD_STEP, {**library, "since": since, **HOLD_CLOCKS})
+                if row is not None and row["interrupted"]:
+                    outcome = "interrupted"
+                    break
+                time.sleep(0.05)
         finally:
             execute(sync, "COMMIT")
         with self.lock:
