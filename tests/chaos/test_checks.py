@@ -29,6 +29,7 @@ from chaos.config import (
     MAX_UNPLANNED_EXITS,
     MAX_WORKER_ERRORS_PER_MINUTE,
     PAUSE_CHANCE,
+    RETRY_POLICY,
     WAKEUP_RELEASE_LIMIT,
 )
 from chaos.run import (
@@ -48,6 +49,8 @@ from inventory_pipeline.db import Connection, DatabaseError, connect, execute, f
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.profiles.generator import generate_profile
 from inventory_pipeline.provider.standin import StandIn
+from inventory_pipeline.recovery import repository as recovery_repository
+from inventory_pipeline.recovery import service as recovery
 from inventory_pipeline.stats import service as stats_service
 from tests import factories as f
 from tests import stats_factories as sf
@@ -174,11 +177,15 @@ def test_a_run_that_injected_no_fault_of_a_kind_fails() -> None:
         "fault not exercised: pause",
         "fault not exercised: throttle storm",
         "fault not exercised: publication lock wait",
+        "fault not exercised: interrupted observation",
+        "fault not exercised: compressed answer",
+        "fault not exercised: decompression bomb",
         "fault not exercised: server restart",
     ]
     report.pauses["observer"] = 1
     report.storms = [3]
     report.lock_waits["timed out"] = 1
+    report.interrupted, report.compressed, report.bombs = 1, 2, 3
     assert unexercised(report, restartable=False) == []
     assert unexercised(report, restartable=True) == ["fault not exercised: server restart"]
 
@@ -301,6 +308,29 @@ def test_a_second_acknowledgement_of_one_request_is_seen(conn: Connection) -> No
     assert f"request {claim.request_id}: acknowledged 2 times" in (
         invariants.no_lost_claim_acknowledged(conn)
     )
+
+
+def test_an_interrupted_observation_given_back_due_at_once_is_seen(conn: Connection) -> None:
+    """The observers report the claims they gave back interrupted; a give-back that left
+    its item due at once (the defect: the run sends it again at once) is a divergence,
+    one due the harness's delay later is not, and both are counted."""
+    _audited(conn)
+    f.provider_key(conn, TMDB_TEST_KEY)
+    lib = f.library(conn)
+    items = [f.tmdb_item(conn, lib, tmdb_id) for tmdb_id in (11, 12)]
+    for item, delay in zip(items, (0, RETRY_POLICY.interrupted_seconds), strict=True):
+        [claim] = recovery.claim(conn, 1)
+        assert claim.item_id == item
+        assert recovery_repository.give_back_interrupted(conn, claim, delay) is not None
+        execute(
+            conn,
+            "INSERT INTO chaos_interruptions (item_id, lease_token, replacement)"
+            " VALUES (%s, %s, false)",
+            (item, claim.lease_token),
+        )
+    out, given_back = invariants.interruptions(conn)
+    assert given_back == 2
+    assert len(out) == 1 and out[0].startswith(f"item {items[0]}: an interrupted observation")
 
 
 def test_events_are_timed_by_the_clock_not_transaction_start(conn: Connection, db_url: str) -> None:
