@@ -177,13 +177,16 @@ SQUEEZED_COMPUTE_BUDGET_MS = 100
 PUBLICATION_LOCK_WAIT_AT = (0.15, 0.4)
 # A sync program holds a library's inventory state (an uncommitted captured write) past an
 # observation's completion tries (3 x the 2 s lock timeout): at these fractions of the
-# run. The completion is interrupted and the item given back due
-# RETRY_POLICY.interrupted_seconds later; nobody may send it again sooner. The harness's
-# 3 s lease is shorter than those tries, production's five minutes far longer: the held
-# claim's lease is lengthened as production's would cover it. The sync commits once the
-# item is given back, or after LIBRARY_HOLD_SECONDS.
-# Both away from the server restart (a hold across it is cut short by it).
+# run, away from the server restart (which would cut a hold short). The completion is
+# interrupted and the item given back due RETRY_POLICY.interrupted_seconds later; nobody
+# may send it again sooner. The harness's 3 s lease is shorter than those tries,
+# production's five minutes far longer: the held claims' leases are lengthened as
+# production's would cover them. The sync commits once a claim there is given back
+# interrupted, or after LIBRARY_HOLD_SECONDS (an observer's batch may take other items
+# first, each waiting out its own tries).
 LIBRARY_HOLD_AT = (0.05, 0.75)
+LIBRARY_HOLD_SECONDS = 16.0
+LIBRARY_HOLD_LEASE_SECONDS = 10
 # The stand-in gzip-codes its answers from this fraction of the run, for at least
 # KEPT_FAULT_OPERATIONS operations (and as a drawn fault); each must be read as if uncoded.
 COMPRESS_AT = 0.1
@@ -193,8 +196,6 @@ KEPT_FAULT_OPERATIONS = 16
 # must end as an invalid_response without an observer's memory growing past
 # OBSERVER_MEMORY_GROWTH_MIB.
 BOMB_AT = 0.85
-LIBRARY_HOLD_SECONDS = 9.0
-LIBRARY_HOLD_LEASE_SECONDS = 15
 # What an observer's process may hold above its size when it started: its answers are at
 # most 64 KiB decoded, so a nested-gzip bomb decoded without bound passes this at once.
 OBSERVER_MEMORY_GROWTH_MIB = 64

@@ -156,7 +156,7 @@ HOLD_STEP = (
     "   JOIN chaos_item_givebacks g ON g.lease_token = x.lease_token"
     "   JOIN media_server_items i ON i.id = g.item_id"
     "   WHERE i.library_id = %(library)s AND g.given_back_at >= %(since)s) AS interrupted,"
-    " (SELECT count(*) FROM due) AS made_due"
+    " (SELECT count(*) FROM lengthened) AS claimed"
 )
 HOLD_CLOCKS = {"lease": LIBRARY_HOLD_LEASE_SECONDS}
 # Typed TMDb identities no TMDb id can be read from: a superscript digit, Arabic-Indic
@@ -924,8 +924,11 @@ class Workload:
         operations, on connections of its own, until a claim in the library is given
         back or the held one ends (at most LIBRARY_HOLD_SECONDS). The operations that
         write the library meanwhile wait for it, as they would for a real sync."""
-        if self.reconnect is None or self.storm_left:
-            return  # a storm keeps the observers from claiming
+        if self.reconnect is None:
+            return
+        if self.storm_left:  # a storm keeps the observers from claiming
+            self.library_holds["not begun: a storm"] += 1
+            return
         self.standin.clear_fault()
         reconnect = self.reconnect
 
@@ -943,9 +946,11 @@ class Workload:
     def _hold_library(self, aux: Connection, sync: Connection) -> None:
         target = fetch_one(aux, HOLDABLE)
         if target is None:
+            with self.lock:
+                self.library_holds["not begun: no library"] += 1
             return
         library = {"library": target["library_id"], "other": target["other"]}
-        outcome = "not interrupted"
+        outcome = "not begun"
         execute(sync, "BEGIN")
         try:
             execute(  # a change of a captured column: the library's state is held
@@ -956,11 +961,14 @@ class Workload:
             )
             since = datetime.now(UTC)  # the server is on this machine: one clock
             deadline = time.monotonic() + LIBRARY_HOLD_SECONDS
+            outcome = "never claimed"
             while time.monotonic() < deadline:
                 row = fetch_one(aux, HOLD_STEP, {**library, "since": since, **HOLD_CLOCKS})
                 if row is not None and row["interrupted"]:
                     outcome = "interrupted"
                     break
+                if row is not None and row["claimed"]:
+                    outcome = "not interrupted"
                 time.sleep(0.05)
         finally:
             execute(sync, "COMMIT")
