@@ -177,25 +177,29 @@ SQUEEZED_COMPUTE_BUDGET_MS = 100
 PUBLICATION_LOCK_WAIT_AT = (0.15, 0.4)
 # A sync program holds a library's inventory state (an uncommitted captured write) past an
 # observation's completion tries (3 x the 2 s lock timeout): at these fractions of the
-# run, away from the server restart (which would cut a hold short). The completion is
+# run, after the publication lock waits and the server restart (a hold across the restart
+# is cut short; one beside a lock wait kept its publication from being found). The hold
+# begins once an item of the library is claimed, its answer delayed
+# HOLD_ANSWER_DELAY_SECONDS; no profile claim holds the library then, and one made
+# during the hold waits less than its lease (a Dagster run's is 10 s). The completion is
 # interrupted and the item given back due RETRY_POLICY.interrupted_seconds later; nobody
 # may send it again sooner. The harness's 3 s lease is shorter than those tries,
 # production's five minutes far longer: the held claims' leases are lengthened as
 # production's would cover them. The sync commits once a claim there is given back
-# interrupted, or after LIBRARY_HOLD_SECONDS (an observer's batch may take other items
-# first, each waiting out its own tries).
-LIBRARY_HOLD_AT = (0.05, 0.75)
-LIBRARY_HOLD_SECONDS = 16.0
+# interrupted, or after LIBRARY_HOLD_SECONDS, under the Dagster lease.
+LIBRARY_HOLD_AT = (0.7, 0.9)
+LIBRARY_HOLD_SECONDS = 9.5
+HOLD_ANSWER_DELAY_SECONDS = 0.5
 LIBRARY_HOLD_LEASE_SECONDS = 10
 # The stand-in gzip-codes its answers from this fraction of the run, for at least
 # KEPT_FAULT_OPERATIONS operations (and as a drawn fault); each must be read as if uncoded.
 COMPRESS_AT = 0.1
-KEPT_FAULT_OPERATIONS = 16
+KEPT_FAULT_OPERATIONS = 24
 # The stand-in answers with a nested gzip bomb (a few KiB that decode to 256 MiB) from this
 # fraction of the run, as the compression above (and as a drawn fault): each
 # must end as an invalid_response without an observer's memory growing past
 # OBSERVER_MEMORY_GROWTH_MIB.
-BOMB_AT = 0.85
+BOMB_AT = 0.8
 # What an observer's process may hold above its size when it started: its answers are at
 # most 64 KiB decoded, so a nested-gzip bomb decoded without bound passes this at once.
 OBSERVER_MEMORY_GROWTH_MIB = 64

@@ -7,8 +7,11 @@ language, typed identity) the contributors (items carrying the field), the cover
 (contributors / items, four decimals) and, only where coverage >= 0.5 and at least five
 items contribute, the distribution (`published`); otherwise `insufficient`. Genres and
 identities list every value's share of contributors; studios and languages the ten
-largest (ties by name) and the rest as "other"; ratings their mean, median, 10th and
-90th percentile (linear interpolation between closest ranks). Shares and statistics are
+largest (ties by name), and what the others hold together as `rest_share`, beside the
+shares (a studio may be called "other"); ratings their mean, median, 10th and 90th
+percentile (linear interpolation between closest ranks). A genres array of any
+dimension contributes the distinct names it holds; a NULL or blank name (empty or
+whitespace only) is no value in any trait. Shares and statistics are
 rounded to four decimals, so the comparison allows one unit in the last place.
 """
 
@@ -56,14 +59,23 @@ def _trait(contributors: int, items: int, published: dict[str, Any]) -> dict[str
     return {"status": "insufficient", **body}
 
 
-def _shares(counts: Counter[str], contributors: int, top: int | None) -> dict[str, float]:
-    ordered = _ordered(counts)
-    kept = ordered if top is None else ordered[:top]
-    shares = {k: _r(v / contributors) for k, v in kept}
-    rest = sum(v for _, v in ordered[len(kept) :])
-    if rest:
-        shares["other"] = _r(rest / contributors)
-    return shares
+def _shares(counts: Counter[str], contributors: int) -> dict[str, float]:
+    return {k: _r(v / contributors) for k, v in _ordered(counts)}
+
+
+def _blank(value: object) -> bool:
+    return value is None or str(value).strip() == ""
+
+
+def _leaves(array: object) -> Iterable[object]:
+    """Every element of a nested array, depth first."""
+    stack = [array]
+    while stack:
+        top = stack.pop()
+        if isinstance(top, list):
+            stack.extend(reversed(top))
+        else:
+            yield top
 
 
 def _percentile(ordered: Sequence[float], q: float) -> float:
@@ -87,7 +99,14 @@ def _rating(values: list[float], items: int) -> dict[str, Any]:
 
 
 def _categorical(values: list[str], items: int) -> dict[str, Any]:
-    published = {"share": _shares(Counter(values), len(values), TOP_VALUES)} if values else {}
+    published: dict[str, Any] = {}
+    if values:
+        counts = Counter(values)
+        top = dict(_ordered(counts)[:TOP_VALUES])
+        published["share"] = _shares(Counter(top), len(values))
+        rest = len(values) - sum(top.values())
+        if rest:
+            published["rest_share"] = _r(rest / len(values))
     return _trait(len(values), items, published)
 
 
@@ -99,7 +118,7 @@ def expected_profile(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     genre_counts: Counter[str] = Counter()
     genre_items = 0
     for row in rows:
-        genres = {g for g in row["genres"] or () if g is not None and g != ""}
+        genres = {str(g) for g in _leaves(row["genres"] or []) if not _blank(g)}
         genre_counts.update(genres)
         genre_items += bool(genres)
     identities = Counter(
@@ -112,22 +131,22 @@ def expected_profile(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
         "genres": _trait(
             genre_items,
             items,
-            {"share": _shares(genre_counts, genre_items, None)} if genre_items else {},
+            {"share": _shares(genre_counts, genre_items)} if genre_items else {},
         ),
         "rating": _rating(
             [float(Decimal(row["rating"])) for row in rows if row["rating"] is not None], items
         ),
         "primary_studio": _categorical(
-            [row["primary_studio"] for row in rows if row["primary_studio"] is not None], items
+            [row["primary_studio"] for row in rows if not _blank(row["primary_studio"])], items
         ),
         "original_language": _categorical(
-            [row["original_language"] for row in rows if row["original_language"] is not None],
+            [row["original_language"] for row in rows if not _blank(row["original_language"])],
             items,
         ),
         "identity": _trait(
             n_identities,
             items,
-            {"share": _shares(identities, n_identities, None)} if n_identities else {},
+            {"share": _shares(identities, n_identities)} if n_identities else {},
         ),
     }
 

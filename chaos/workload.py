@@ -30,6 +30,7 @@ from chaos.config import (
     CANCEL_LOOK_SECONDS,
     EXPECTED_SQLSTATE_CLASSES,
     EXPECTED_SQLSTATES,
+    HOLD_ANSWER_DELAY_SECONDS,
     KEPT_FAULT_OPERATIONS,
     LARGE_EXERCISES,
     LARGE_IMPORT_SESSIONS,
@@ -118,8 +119,9 @@ FAULTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("encoded", BOMB),
 )
 # A typed item an observer can claim once it is due, with a readable TMDb id the stand-in
-# knows (ids divisible by 17 are missing there), in a library with another item: the
-# sync program's write holds the library through that other item.
+# knows (ids divisible by 17 are missing there), in a library no profile claim holds (a
+# claim made during the hold waits less than its lease) and with another item: the sync
+# program's write holds the library through that other item.
 HOLDABLE_ITEM = (
     "i.provider = 'tmdb' AND i.provider_kind IN ('movie', 'tv')"
     " AND mod(tmdb_id_of(i.provider_id), 17) <> 0"
@@ -133,29 +135,36 @@ HOLDABLE = (
     f" WHERE {HOLDABLE_ITEM} AND l.active AND m.active AND l.media_kind IN ('movie', 'tv')"
     " AND EXISTS (SELECT 1 FROM media_server_items o"
     "             WHERE o.library_id = i.library_id AND o.id <> i.id)"
+    " AND NOT EXISTS (SELECT 1 FROM profile_refresh_requests r"
+    "                 WHERE r.library_id = i.library_id AND r.status = 'running')"
     " ORDER BY md5(i.id::text) LIMIT 1"
+)
+# An item of the held library made due first in line (one an observer can claim).
+MAKE_DUE = (
+    "UPDATE media_server_items SET observation_due_at = now() - interval '1 hour'"
+    " WHERE id = (SELECT i.id FROM media_server_items i"
+    f"             WHERE i.library_id = %(library_id)s AND i.id <> %(other)s AND {HOLDABLE_ITEM}"
+    "              AND i.observation_lease_token IS NULL ORDER BY i.id LIMIT 1)"
+    " RETURNING id"
+)
+CLAIMED_ITEM = (
+    "SELECT 1 FROM media_server_items WHERE id = %(id)s AND observation_lease_token IS NOT NULL"
 )
 # One look of a library hold: every live claim in the library gets the lease production's
 # five minutes would give it (the harness's 3 s lease is shorter than the completion's
 # tries, and an observer's batch may hold several items of the library, each waiting in
-# turn); with no claim there, an item of it is made due first in line; whether an
-# observation there was interrupted and given back since the hold began.
+# turn); whether an observation there was interrupted and given back since the hold
+# began.
 HOLD_STEP = (
     "WITH lengthened AS ("
     "  UPDATE media_server_items SET observation_lease_expires_at"
     "   = now() + make_interval(secs => %(lease)s)"
-    "  WHERE library_id = %(library)s AND observation_lease_token IS NOT NULL RETURNING id),"
-    " due AS ("
-    "  UPDATE media_server_items SET observation_due_at = now() - interval '1 hour'"
-    "  WHERE id = (SELECT i.id FROM media_server_items i"
-    f"             WHERE i.library_id = %(library)s AND i.id <> %(other)s AND {HOLDABLE_ITEM}"
-    "              ORDER BY i.observation_due_at, i.id LIMIT 1)"
-    "  AND NOT EXISTS (SELECT 1 FROM lengthened)"
-    "  AND observation_due_at > now() - interval '1 hour' RETURNING id)"
+    "  WHERE library_id = %(library_id)s AND observation_lease_token IS NOT NULL"
+    "  RETURNING id)"
     " SELECT EXISTS (SELECT 1 FROM chaos_interruptions x"
     "   JOIN chaos_item_givebacks g ON g.lease_token = x.lease_token"
     "   JOIN media_server_items i ON i.id = g.item_id"
-    "   WHERE i.library_id = %(library)s AND g.given_back_at >= %(since)s) AS interrupted,"
+    "   WHERE i.library_id = %(library_id)s AND g.given_back_at >= %(since)s) AS interrupted,"
     " (SELECT count(*) FROM lengthened) AS claimed"
 )
 HOLD_CLOCKS = {"lease": LIBRARY_HOLD_LEASE_SECONDS}
@@ -224,6 +233,7 @@ class Workload:
     storms: list[tuple[float, float]] = field(default_factory=list)  # epoch seconds
     storm_started: float | None = None
     storm_left: int = 0
+    kept_owed: tuple[str, dict[str, Any]] | None = None  # a fixed point's fault a storm held
     kept_left: int = 0  # operations in which a fixed point's provider fault stays set
     # The stats side: accounts past one compute batch, users emptied for good, budget
     # squeezes, rebuilds beside the writes.
@@ -467,6 +477,32 @@ class Workload:
                 " provider_id = %s WHERE id = ANY(%s)",
                 (kind, provider_id, self._item_ids(1)),
             )
+
+    def odd_values(self) -> None:
+        """Values the columns' types accept that a profile must still count right: a
+        genres array of two or three dimensions with NULL and blank elements, blank
+        studios and languages, a studio or language named like the rest of a
+        distribution ("other"), and a long name. Written to several items of one library
+        so that a studio called "other" can reach the ten largest."""
+        library = self.rng.choice(self._library_ids())
+        genres = self.rng.choice(
+            (
+                "{{Drama,Comedy},{War,NULL}}",
+                '{{{Horror}},{{""}}}',
+                '{" ",Drama,Drama}',
+                "{}",
+            )
+        )
+        studio = self.rng.choice(("other", "", "  ", "Other", "x" * 300, None))
+        language = self.rng.choice(("other", "", "en", None))
+        execute(
+            self.conn,
+            "UPDATE media_server_items SET genres = %s::text[], primary_studio = %s,"
+            " original_language = %s"
+            " WHERE id IN (SELECT id FROM media_server_items WHERE library_id = %s"
+            "              ORDER BY id LIMIT %s)",
+            (genres, studio, language, library, self.rng.randint(1, 8)),
+        )
 
     def backlog(self) -> None:
         """More dirty libraries at once than the refresh runs can take in one sensor
@@ -920,60 +956,60 @@ class Workload:
         """A sync program's transaction holds a library's inventory state (a captured
         write to one item) while an observer's answer for another item of it comes: the
         completion waits out its tries and gives the claim back. The item is made due
-        first in line, the provider's faults cleared; the hold runs beside the
-        operations, on connections of its own, until a claim in the library is given
-        back or the held one ends (at most LIBRARY_HOLD_SECONDS). The operations that
-        write the library meanwhile wait for it, as they would for a real sync."""
+        first in line and the stand-in answers late (a fixed point's fault, kept a
+        while), so that the hold begins between the claim and the answer. It runs beside
+        the operations, on connections of its own, until an observation there is given
+        back interrupted (at most LIBRARY_HOLD_SECONDS). The operations that write the
+        library meanwhile wait for it, as they would for a real sync."""
         if self.reconnect is None:
             return
-        if self.storm_left:  # a storm keeps the observers from claiming
-            self.library_holds["not begun: a storm"] += 1
-            return
-        self.standin.clear_fault()
+        self.keep_fault("slow", {"delay": HOLD_ANSWER_DELAY_SECONDS})
         reconnect = self.reconnect
 
         def hold() -> None:
             try:
                 with reconnect() as aux, reconnect() as sync:
-                    self._hold_library(aux, sync)
+                    outcome = self._hold_library(aux, sync)
             except DatabaseError as exc:
                 self._refused("hold_library", exc)
+                outcome = "refused"
+            with self.lock:
+                self.library_holds[outcome] += 1
 
         thread = threading.Thread(target=hold, name="chaos-library-hold", daemon=True)
         self.lock_wait_holds.append(thread)
         thread.start()
 
-    def _hold_library(self, aux: Connection, sync: Connection) -> None:
+    def _hold_library(self, aux: Connection, sync: Connection) -> str:
         target = fetch_one(aux, HOLDABLE)
         if target is None:
-            with self.lock:
-                self.library_holds["not begun: no library"] += 1
-            return
-        library = {"library": target["library_id"], "other": target["other"]}
-        outcome = "not begun"
+            return "no library"
+        item = fetch_one(aux, MAKE_DUE, target)
+        if item is None:
+            return "no item"
+        deadline = time.monotonic() + LIBRARY_HOLD_SECONDS
+        while fetch_one(aux, CLAIMED_ITEM, item) is None:
+            if time.monotonic() >= deadline:
+                return "never claimed"
+            time.sleep(0.01)
+        library = {**target, "since": datetime.now(UTC), **HOLD_CLOCKS}
         execute(sync, "BEGIN")
         try:
             execute(  # a change of a captured column: the library's state is held
                 sync,
                 "UPDATE media_server_items SET rating = CASE WHEN rating = 1 THEN 2 ELSE 1 END"
                 " WHERE id = %(other)s",
-                library,
+                target,
             )
-            since = datetime.now(UTC)  # the server is on this machine: one clock
             deadline = time.monotonic() + LIBRARY_HOLD_SECONDS
-            outcome = "never claimed"
             while time.monotonic() < deadline:
-                row = fetch_one(aux, HOLD_STEP, {**library, "since": since, **HOLD_CLOCKS})
+                row = fetch_one(aux, HOLD_STEP, library)
                 if row is not None and row["interrupted"]:
-                    outcome = "interrupted"
-                    break
-                if row is not None and row["claimed"]:
-                    outcome = "not interrupted"
+                    return "interrupted"
                 time.sleep(0.05)
+            return "not interrupted"
         finally:
             execute(sync, "COMMIT")
-        with self.lock:
-            self.library_holds[outcome] += 1
 
     def cancel_stage(self) -> None:
         """An operator cancels a stats worker's stage call in flight (pg_cancel_backend),
@@ -1150,6 +1186,7 @@ class Workload:
         """A fixed point's provider fault, kept for KEPT_FAULT_OPERATIONS operations
         (drawn faults wait), so that observers meet it whatever the draw."""
         if self.storm_left:
+            self.kept_owed = (fault, options)  # set when the storm ends
             return
         self.standin.set_fault(fault, **options)
         self.kept_left = KEPT_FAULT_OPERATIONS
@@ -1252,6 +1289,7 @@ class Workload:
             ("delete_library", self.delete_library, 1),
             ("delete_server", self.delete_server, 0.3),
             ("odd_identity", self.odd_identity, 2),
+            ("odd_values", self.odd_values, 2),
             ("throttle_storm", self.throttle_storm, 0.2),
             ("writer_insert", self.writer_insert, 3),
             ("writer_update", self.writer_update, 3),
@@ -1283,6 +1321,9 @@ class Workload:
             self.storm_left -= 1
             if not self.storm_left:
                 self.end_storm()
+                if self.kept_owed is not None:
+                    self.keep_fault(*self.kept_owed)
+                    self.kept_owed = None
         if self.squeeze_left:
             self.squeeze_left -= 1
             if not self.squeeze_left:

@@ -30,14 +30,20 @@ TABLE_ROWS = 20
 DISTRIBUTIONS = ("genres", "primary_studio", "original_language", "identity")
 
 
-def _share_table(shares: dict[str, float]) -> dg.TableMetadataValue:
-    """A distribution as value/share rows, the largest first, at most TABLE_ROWS."""
-    rows = list(shares.items())
+def _share_table(shares: dict[str, float], rest_share: float = 0.0) -> dg.TableMetadataValue:
+    """A distribution as value/share rows, the largest first (ties by name: a stored
+    profile comes back from jsonb with its keys shortest first), at most TABLE_ROWS, then
+    what the values not listed hold together."""
+    rows = sorted(shares.items(), key=lambda kv: (-float(kv[1]), kv[0]))
     records = [dg.TableRecord({"value": k, "share": float(v)}) for k, v in rows[:TABLE_ROWS]]
-    if len(rows) > TABLE_ROWS:
-        rest = sum(float(v) for _, v in rows[TABLE_ROWS:])
+    folded = len(rows) - TABLE_ROWS
+    rest = sum(float(v) for _, v in rows[TABLE_ROWS:]) + float(rest_share)
+    if rest:
+        parts = [f"{folded} more"] if folded > 0 else []
+        if rest_share:
+            parts.append("the rest")
         records.append(
-            dg.TableRecord({"value": f"({len(rows) - TABLE_ROWS} more)", "share": round(rest, 4)})
+            dg.TableRecord({"value": f"({' and '.join(parts)})", "share": round(rest, 4)})
         )
     return dg.MetadataValue.table(
         records=records,
@@ -94,7 +100,9 @@ def profile_metadata(profile: dict[str, Any]) -> dict[str, Any]:
     for trait in DISTRIBUTIONS:
         body = profile.get(trait, {})
         if body.get("status") == "published":
-            metadata[f"distribution/{trait}"] = _share_table(body["share"])
+            metadata[f"distribution/{trait}"] = _share_table(
+                body["share"], body.get("rest_share", 0.0)
+            )
     metadata["profile"] = dg.MetadataValue.json(profile)
     return metadata
 

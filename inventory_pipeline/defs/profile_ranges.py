@@ -15,6 +15,8 @@ library_partitions = dg.DynamicPartitionsDefinition(name=PARTITIONS_NAME)
 PROFILE_ASSET = dg.AssetKey("library_profile")
 # Library ids per partition: 10k partition keys at 100k libraries.
 PARTITION_WIDTH = 10
+# The largest library id (bigint): the last range holds ids up to it, not past it.
+BIGINT_MAX = 2**63 - 1
 
 
 def low_of(library_id: int) -> int:
@@ -39,11 +41,12 @@ def range_low(key: str) -> int | None:
     if not (sep and _is_number(low) and _is_number(high)):
         return None
     start = int(low)
-    return start if range_key(start) == key and start % PARTITION_WIDTH == 0 else None
+    valid = start <= BIGINT_MAX and start % PARTITION_WIDTH == 0 and range_key(start) == key
+    return start if valid else None
 
 
 def _is_number(text: str) -> bool:
-    return text.isascii() and text.isdigit() and len(text) < 19
+    return text.isascii() and text.isdigit() and len(text) <= len(str(BIGINT_MAX))
 
 
 def is_partition_key(key: str) -> bool:
@@ -63,4 +66,5 @@ def range_lows_of(partition_keys: Sequence[str]) -> list[int]:
 
 def range_ids(lows: Sequence[int]) -> list[int]:
     """Every id the ranges can hold, whether or not a library has it."""
-    return [low + n for low in sorted(set(lows)) for n in range(PARTITION_WIDTH)]
+    ids = (low + n for low in sorted(set(lows)) for n in range(PARTITION_WIDTH))
+    return [i for i in ids if i <= BIGINT_MAX]

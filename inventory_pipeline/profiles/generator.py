@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -48,37 +48,53 @@ def _trait(contributors: int, item_count: int, published: dict[str, Any]) -> dic
     return {"status": "insufficient", **trait}
 
 
-def _shares(counts: Counter[Any], contributors: int, top: int | None) -> dict[str, float]:
-    """Shares of the values, largest first (ties by name); with `top`, the `top` largest
-    and the rest as "other"."""
-    ordered = sorted(counts.items(), key=lambda kv: (-kv[1], str(kv[0])))
-    shares = {str(k): _round(v / contributors) for k, v in ordered[:top]}
-    if top is not None:
-        rest = sum(v for _, v in ordered[top:])
-        if rest:
-            shares["other"] = _round(rest / contributors)
-    return shares
+def _ordered(counts: Counter[Any]) -> list[tuple[Any, int]]:
+    """Values largest first, ties by name."""
+    return sorted(counts.items(), key=lambda kv: (-kv[1], str(kv[0])))
 
 
 def _shared(counts: Counter[Any], top: int | None, item_count: int) -> dict[str, Any]:
+    """Shares of contributors, largest first (ties by name); with `top`, the `top` largest
+    in `share` and what the others hold together in `rest_share`, a field of its own: a
+    value may be named anything, "other" included."""
     contributors = sum(counts.values())
-    published = {"share": _shares(counts, contributors, top)} if contributors else {}
+    published: dict[str, Any] = {}
+    if contributors:
+        ordered = _ordered(counts)
+        kept = ordered if top is None else ordered[:top]
+        published["share"] = {str(k): _round(v / contributors) for k, v in kept}
+        rest = sum(v for _, v in ordered[len(kept) :])
+        if rest:
+            published["rest_share"] = _round(rest / contributors)
     return _trait(contributors, item_count, published)
 
 
-def _genres(values: Sequence[Sequence[str | None] | None], item_count: int) -> dict[str, Any]:
+def _is_name(value: Any) -> bool:
+    """A name counts when it has a character other than whitespace: NULL, '' and '  '
+    are no value, in every trait."""
+    return isinstance(value, str) and value != "" and not value.isspace()
+
+
+def _names(value: Any) -> list[str]:
+    """The names an array holds, whatever its dimensions: text[] accepts
+    '{{Drama,Comedy},{War,Crime}}' as well as '{Drama}' (NULL: none)."""
+    if not isinstance(value, list):
+        return [value] if _is_name(value) else []
+    return [name for element in value for name in _names(element)]
+
+
+def _genres(values: Sequence[Any], item_count: int) -> dict[str, Any]:
+    """Every genre's share of the items carrying one; an item carrying a genre twice
+    counts it once."""
     counts: Counter[str] = Counter()
     contributors = 0
     for genres in values:
-        if genres:
-            # An item carrying a genre twice counts once; empty names are no genre.
-            distinct = set(genres)
-            distinct.discard(None)
-            distinct.discard("")
-            if distinct:
-                counts.update(distinct)  # type: ignore[arg-type]
-                contributors += 1
-    published = {"share": _shares(counts, contributors, None)} if contributors else {}
+        distinct = set(_names(genres))
+        counts.update(distinct)
+        contributors += bool(distinct)
+    published: dict[str, Any] = {}
+    if contributors:
+        published["share"] = {k: _round(v / contributors) for k, v in _ordered(counts)}
     return _trait(contributors, item_count, published)
 
 
@@ -100,10 +116,8 @@ def _rating(values: Sequence[Any], item_count: int) -> dict[str, Any]:
     return _trait(contributors, item_count, published)
 
 
-def _present(values: Sequence[Hashable]) -> Counter[Any]:
-    counts: Counter[Any] = Counter(values)
-    counts.pop(None, None)
-    return counts
+def _present(values: Sequence[Any]) -> Counter[str]:
+    return Counter(v for v in values if _is_name(v))
 
 
 def _identity(
@@ -152,4 +166,6 @@ def top_genres(profile: dict[str, Any], limit: int = 5) -> list[tuple[str, float
     genres = profile.get("genres", {})
     if genres.get("status") != "published":
         return []
-    return list(genres["share"].items())[:limit]
+    # A stored profile's share comes back from jsonb with its keys shortest first.
+    shares = [(str(k), float(v)) for k, v in genres["share"].items()]
+    return sorted(shares, key=lambda kv: (-kv[1], kv[0]))[:limit]

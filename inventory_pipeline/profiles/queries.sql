@@ -373,10 +373,12 @@ FROM libraries
 ORDER BY low;
 
 -- name: library_ids_in_ranges
--- The libraries inside the given id ranges (lowest id, common width), in id order.
+-- The libraries inside the given id ranges (lowest id, common width), in id order. The
+-- last range of bigint ends at its largest value: its end is never computed past it.
 SELECT l.id
 FROM unnest(%(lows)s::bigint[]) AS r (low)
-JOIN libraries l ON l.id >= r.low AND l.id < r.low + %(width)s
+JOIN libraries l
+  ON l.id >= r.low AND l.id <= r.low + least(%(width)s - 1, 9223372036854775807 - r.low)
 ORDER BY l.id;
 
 -- name: library_fingerprint

@@ -290,6 +290,34 @@ def test_backfill_goes_through_outbox(
     assert stale.metadata["behind"].value == 1
 
 
+@pytest.mark.parametrize("library_id", [1_000_000_000_000_000_005, 2**63 - 1])
+def test_a_library_with_a_19_digit_id_backfills(
+    conn: Connection, db_url: str, instance: dg.DagsterInstance, library_id: int
+) -> None:
+    """Every bigint id has a partition that works end to end, the largest included (its
+    range's end would be past bigint)."""
+    server = f.server(conn)
+    execute(
+        conn,
+        "INSERT INTO libraries (id, server_id, name, media_kind) VALUES (%s, %s, 'Far', 'movie')",
+        (library_id, server),
+    )
+    f.items(conn, library_id, 6)
+    key = profile_ranges.partition_of(library_id)
+    assert profile_ranges.range_lows_of([key]) == [library_id - library_id % 10]
+    instance.add_dynamic_partitions(profile_ranges.library_partitions.name, [key])
+    result = dg.materialize(
+        [profile_defs.library_profile],
+        partition_key=key,
+        instance=instance,
+        resources={"inventory_db": InventoryDatabase(url=db_url)},
+    )
+    assert result.success
+    assert f.state(conn, library_id)["acknowledged_revision"] == 1
+    [evaluation] = result.get_asset_check_evaluations()
+    assert evaluation.passed and evaluation.partition == key
+
+
 def test_backfill_of_inactive_library_fails_the_run(
     conn: Connection, db_url: str, instance: dg.DagsterInstance
 ) -> None:

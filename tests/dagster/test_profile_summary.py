@@ -194,3 +194,32 @@ def test_every_evaluation_of_the_check_carries_its_ranges_figures(
         f"library {stalled}: inventory revision 1 not yet acknowledged (acknowledged 0),"
         " waiting 120 min; stall threshold 15 min"
     )
+
+
+def test_a_stored_profiles_tables_list_the_largest_first_then_the_rest() -> None:
+    """A backfill that joins another run's request reads the stored jsonb profile, whose
+    keys come back shortest first: the tables are still largest first, and the values
+    past the table's rows and the profile's rest_share are one last row."""
+    genres = {f"g{i:02d}": round(0.01 * (i + 1), 4) for i in range(22)} | {"War": 0.0417}
+    profile = {
+        "genres": {"status": "published", "coverage": 1.0, "contributors": 24, "share": genres},
+        "primary_studio": {
+            "status": "published",
+            "coverage": 1.0,
+            "contributors": 40,
+            "share": {"other": 0.5, "A24": 0.2},
+            "rest_share": 0.3,
+        },
+    }
+    stored = dict(sorted(profile.items()))
+    stored["genres"]["share"] = dict(sorted(genres.items(), key=lambda kv: (len(kv[0]), kv[0])))
+    metadata = profile_metadata.profile_metadata(stored)
+    rows = [r.data for r in metadata["distribution/genres"].records]
+    assert [r["value"] for r in rows[:2]] == ["g21", "g20"]
+    assert len(rows) == profile_metadata.TABLE_ROWS + 1 and rows[-1]["value"] == "(3 more)"
+    studios = [r.data for r in metadata["distribution/primary_studio"].records]
+    assert studios == [
+        {"value": "other", "share": 0.5},
+        {"value": "A24", "share": 0.2},
+        {"value": "(the rest)", "share": 0.3},
+    ]

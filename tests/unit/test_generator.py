@@ -89,13 +89,48 @@ def test_insufficient_below_five_contributors_or_half_coverage() -> None:
     assert result == {"status": "insufficient", "coverage": 0.4545, "contributors": 5}
 
 
-def test_top_ten_then_other() -> None:
+def test_top_ten_then_the_rest_apart() -> None:
     rows = [{"original_language": f"l{i:02d}"} for i in range(12) for _ in range(12 - i)]
-    share = profile_of(rows)["original_language"]["share"]
-    assert list(share)[:10] == [f"l{i:02d}" for i in range(10)]
+    trait = profile_of(rows)["original_language"]
+    assert list(trait["share"]) == [f"l{i:02d}" for i in range(10)]
     total = sum(12 - i for i in range(12))
-    assert share["other"] == round((2 + 1) / total, 4)
-    assert len(share) == 11
+    assert trait["rest_share"] == round((2 + 1) / total, 4)
+
+
+def test_a_value_named_like_the_rest_is_a_value() -> None:
+    """A studio called "other" holding half the items keeps its share; the eleven
+    smaller studios' rest is reported apart, and the shares with the rest sum to one."""
+    rows = [{"primary_studio": "other"} for _ in range(20)]
+    rows += [{"primary_studio": f"s{i:02d}"} for i in range(12) for _ in range(2 if i < 8 else 1)]
+    trait = profile_of(rows)["primary_studio"]
+    assert trait["share"]["other"] == 0.5
+    assert trait["rest_share"] == round(3 / 40, 4)
+    assert sum(trait["share"].values()) + trait["rest_share"] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_a_multi_dimensional_genres_array_counts_its_names() -> None:
+    """text[] accepts arrays of any dimension: each item counts the distinct names its
+    array holds, whatever its shape; NULL elements and blank names are none."""
+    rows = [{"genres": [["Drama", "Comedy"], ["War", None]]} for _ in range(4)]
+    rows += [{"genres": [[["Drama"]], [[""]]]}, {"genres": [[None, "  "]]}]
+    trait = profile_of(rows)["genres"]
+    assert trait["contributors"] == 5
+    assert trait["share"] == {"Drama": 1.0, "Comedy": 0.8, "War": 0.8}
+
+
+@pytest.mark.parametrize("trait", ["primary_studio", "original_language"])
+def test_a_blank_name_is_no_value_in_every_trait(trait: str) -> None:
+    rows = [{trait: "A24"} for _ in range(5)] + [{trait: ""}, {trait: " \t"}]
+    profile = profile_of(rows)
+    assert profile[trait]["contributors"] == 5 and profile[trait]["share"] == {"A24": 1.0}
+    assert profile_of([{"genres": ["", " "]}] * 6)["genres"]["contributors"] == 0
+
+
+def test_top_genres_are_largest_first_whatever_order_the_keys_come_in() -> None:
+    """A stored profile comes back from jsonb with its keys shortest first."""
+    stored = json.loads(json.dumps({"genres": {"status": "published", "share": {}}}))
+    stored["genres"]["share"] = {"War": 0.0417, "Drama": 1.0, "Comedy": 0.5}
+    assert top_genres(stored, 2) == [("Drama", 1.0), ("Comedy", 0.5)]
 
 
 def test_ties_are_ordered_by_name() -> None:
