@@ -9,6 +9,7 @@ is a warning, and the staleness sensor fails a stalled library's range without a
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import dagster as dg
@@ -86,8 +87,9 @@ class RangeVerdict:
 
 def range_verdict(statuses: Sequence[ProfileStatus], stall_seconds: int) -> RangeVerdict:
     """The worst of a range's libraries. A library behind only by changes younger than
-    the stall threshold is catching up: a warning, not an error (red means something is
-    wrong). The metadata are figures of the whole range, so its plots mean something."""
+    the stall threshold is catching up, and an inactive one is paused: a warning, not an
+    error (red means something is wrong). The metadata are figures of the whole range,
+    so its plots mean something."""
     error, warn = dg.AssetCheckSeverity.ERROR, dg.AssetCheckSeverity.WARN
     if not statuses:
         # Nothing is wrong: the partition goes on the sensor's next tick.
@@ -97,7 +99,8 @@ def range_verdict(statuses: Sequence[ProfileStatus], stall_seconds: int) -> Rang
         )
     # Libraries in error first, so the named few include one when there is one.
     behind = sorted(
-        (s for s in statuses if not s.current), key=lambda s: s.catching_up(stall_seconds)
+        (s for s in statuses if not s.current),
+        key=lambda s: s.catching_up(stall_seconds) or s.paused,
     )
     lags = [s.dirty_seconds for s in behind if s.dirty_seconds is not None]
     minutes, seconds = divmod(stall_seconds, 60)
@@ -114,13 +117,13 @@ def range_verdict(statuses: Sequence[ProfileStatus], stall_seconds: int) -> Rang
     named = "; ".join(_behind(s, stall_seconds) for s in behind[:NAMED_LIBRARIES])
     more = f" and {len(behind) - NAMED_LIBRARIES} more" if len(behind) > NAMED_LIBRARIES else ""
     metadata["not_current"] = ", ".join(str(s.library_id) for s in behind)
-    if all(s.catching_up(stall_seconds) for s in behind):
-        return RangeVerdict(
-            False,
-            warn,
-            f"{named}{more}; catching up, within the {threshold} stall threshold",
-            metadata,
+    if all(s.catching_up(stall_seconds) or s.paused for s in behind):
+        waits = (
+            "paused: inactive libraries wait by design"
+            if all(s.paused for s in behind)
+            else f"catching up, within the {threshold} stall threshold"
         )
+        return RangeVerdict(False, warn, f"{named}{more}; {waits}", metadata)
     stalled = any(s.acknowledged_revision < s.revision for s in behind)
     past = f"; stall threshold {threshold}" if stalled else ""
     return RangeVerdict(False, error, f"{named}{more}{past}", metadata)
@@ -129,7 +132,9 @@ def range_verdict(statuses: Sequence[ProfileStatus], stall_seconds: int) -> Rang
 def _behind(status: ProfileStatus, stall_seconds: int) -> str:
     """Why one library is not current; for a stall, how long its change has waited."""
     waited = ""
-    if status.dirty_seconds is not None and not status.catching_up(stall_seconds):
+    if status.paused:
+        waited = ", paused (library or media server inactive)"
+    elif status.dirty_seconds is not None and not status.catching_up(stall_seconds):
         waited = f", waiting {int(status.dirty_seconds) // 60} min"
     return f"library {status.library_id}: {status.reason}{waited}"
 
@@ -211,36 +216,55 @@ STALL_BATCH = 500
     minimum_interval_seconds=60,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Fails library_profile_current for the partition of every library whose "
-    "inventory change waits longer than INVENTORY_STALL_SECONDS, without a run and "
-    "without claiming.",
+    "inventory change waits longer than INVENTORY_STALL_SECONDS, and records it again once "
+    "the library is current, without a run and without claiming.",
 )
 @logged
 def library_profile_staleness_sensor(
     context: dg.SensorEvaluationContext, inventory_db: InventoryDatabase
 ) -> dg.SensorResult | dg.SkipReason:
-    """A stall turns the check red even when no run touches the library: the tick reads
-    the stalled libraries and records one failed evaluation for each partition holding a
-    newly stalled revision (the cursor remembers, per library, which were reported), in
-    one batch and without a run. The refresh that acknowledges the library records the
-    partition's evaluation again."""
+    """A stall turns the check red even when no run touches the library, and the check
+    turns back once the library is current, whoever made it so. Each tick reads the next
+    page of stalled libraries (STALL_BATCH, oldest first, from where the previous tick
+    stopped, then from the start again: every stalled library is read within
+    ceil(stalled / STALL_BATCH) ticks) and records one evaluation for each partition
+    holding a newly stalled revision. The cursor remembers, per library, the revision
+    reported; a reported library since acknowledged, paused or deleted has its partition
+    evaluated again from the database and is forgotten. An inactive library is paused,
+    not stalled: never reported."""
     policy = inventory_db.policy()
-    reported: dict[str, int] = json.loads(context.cursor) if context.cursor else {}
+    reported, after = _staleness_cursor(context.cursor)
     known = set(context.instance.get_dynamic_partitions(PARTITIONS_NAME))
     newly: dict[int, list[StalledLibrary]] = {}
-    now_reported: dict[str, int] = {}
     with inventory_db.connection() as conn:
-        for lib in service.stalled_libraries(conn, policy, STALL_BATCH):
+        page = service.stalled_libraries(conn, policy, STALL_BATCH, after)
+        after = (page[-1].dirty_since, page[-1].library_id) if len(page) == STALL_BATCH else None
+        seen = set()
+        for lib in page:
             if partition_of(lib.library_id) not in known:
                 continue  # the partition sync adds it; reported on a later tick
-            now_reported[str(lib.library_id)] = lib.revision
-            if reported.get(str(lib.library_id)) != lib.revision:
+            seen.add(lib.library_id)
+            if reported.get(lib.library_id) != lib.revision:
                 newly.setdefault(low_of(lib.library_id), []).append(lib)
+            reported[lib.library_id] = lib.revision
+        others = [i for i in reported if i not in seen]
+        progress = service.acknowledged_revisions(conn, others)
+        moved_on = [
+            i
+            for i in others
+            if i not in progress or progress[i][1] or progress[i][0] >= reported[i]
+        ]
+        for library_id in moved_on:
+            del reported[library_id]
         # Each range's verdict from all of its libraries: the same figures as every
         # evaluation of this check, so its plots compare like with like.
-        by_range = range_statuses(conn, sorted(newly))
+        lows = sorted(set(newly) | {low_of(i) for i in moved_on if partition_of(i) in known})
+        by_range = range_statuses(conn, lows)
+        for low in lows:
+            by_range.setdefault(low, [])  # its libraries are gone: the range passes
     targets = target_materializations(context.instance, [range_key(low) for low in by_range])
     events = []
-    for low, statuses in by_range.items():
+    for low, statuses in sorted(by_range.items()):
         verdict = range_verdict(statuses, policy.stall_seconds)
         events.append(
             dg.AssetCheckEvaluation(
@@ -254,13 +278,33 @@ def library_profile_staleness_sensor(
                 target_materialization_data=targets.get(range_key(low)),
             )
         )
-    cursor = json.dumps(now_reported, sort_keys=True)
+    cursor = _staleness_cursor_text(reported, after)
     if not events:
-        if cursor != (context.cursor or "{}"):
+        if cursor != (context.cursor or ""):
             context.update_cursor(cursor)
-        return dg.SkipReason(f"no newly stalled library ({len(now_reported)} stalled)")
-    context.log.warning(
-        f"{sum(map(len, newly.values()))} libraries newly stalled in {len(events)} partitions "
-        f"({len(now_reported)} stalled)"
-    )
+        return dg.SkipReason(f"no newly stalled library ({len(reported)} stalled)")
+    if newly:
+        context.log.warning(
+            f"{sum(map(len, newly.values()))} libraries newly stalled in {len(newly)}"
+            f" partitions ({len(reported)} stalled)"
+        )
     return dg.SensorResult(asset_events=events, cursor=cursor)
+
+
+def _staleness_cursor(text: str | None) -> tuple[dict[int, int], tuple[datetime, int] | None]:
+    """The libraries reported stalled (id -> revision) and where the next page starts. An
+    earlier version's cursor is the bare id -> revision map."""
+    state = json.loads(text) if text else {}
+    if "reported" not in state:
+        state = {"reported": state, "after": None}
+    after = state.get("after")
+    position = (datetime.fromisoformat(after[0]), int(after[1])) if after else None
+    return {int(k): int(v) for k, v in state["reported"].items()}, position
+
+
+def _staleness_cursor_text(reported: dict[int, int], after: tuple[datetime, int] | None) -> str:
+    position = [after[0].isoformat(), after[1]] if after is not None else None
+    return json.dumps(
+        {"reported": {str(k): v for k, v in sorted(reported.items())}, "after": position},
+        sort_keys=True,
+    )

@@ -190,6 +190,7 @@ class ProfileStatus:
     dirty_seconds: float | None  # since the first unacknowledged change; None: clean
     published_at: datetime | None
     published_traits: tuple[str, ...]
+    paused: bool = False  # its library or server is inactive: it waits by design
 
     @property
     def current(self) -> bool:

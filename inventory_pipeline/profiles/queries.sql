@@ -399,6 +399,7 @@ SELECT s.library_id, s.revision, s.acknowledged_revision,
        extract(epoch FROM now() - s.dirty_since)::float8 AS dirty_seconds,
        (SELECT count(*) FROM media_server_items i WHERE i.library_id = s.library_id) AS items,
        l.name, l.media_kind, m.name AS server_name, m.kind AS server_kind,
+       NOT (l.active AND m.active) AS paused,
        ARRAY(SELECT t.key FROM jsonb_each(p.profile) t
              WHERE t.value ->> 'status' = 'published' ORDER BY t.key) AS published_traits
 FROM library_inventory_state s
@@ -423,14 +424,29 @@ FROM library_profiles
 WHERE library_id = %(library_id)s;
 
 -- name: stalled_libraries
--- Libraries dirty for longer than the threshold, oldest first (the dirty index).
+-- Active libraries of active servers dirty for longer than the threshold, oldest first
+-- (the dirty index), after a position: a caller pages through however many there are.
+-- An inactive library or server waits by design: it is paused, not stalled.
 SELECT s.library_id, s.revision, s.acknowledged_revision, s.dirty_since,
        floor(extract(epoch FROM now() - s.dirty_since))::bigint AS stalled_seconds
 FROM library_inventory_state s
+JOIN libraries l ON l.id = s.library_id
+JOIN media_servers m ON m.id = l.server_id
 WHERE s.revision > s.acknowledged_revision
   AND s.dirty_since < now() - make_interval(secs => %(stall_seconds)s)
+  AND (s.dirty_since, s.library_id) > (%(after_since)s::timestamptz, %(after_id)s::bigint)
+  AND l.active AND m.active
 ORDER BY s.dirty_since, s.library_id
 LIMIT %(limit)s;
+
+-- name: acknowledged_revisions
+-- How far each library is acknowledged, and whether it waits paused (its library or
+-- server inactive); a deleted library is absent.
+SELECT s.library_id, s.acknowledged_revision, NOT (l.active AND m.active) AS paused
+FROM library_inventory_state s
+JOIN libraries l ON l.id = s.library_id
+JOIN media_servers m ON m.id = l.server_id
+WHERE s.library_id = ANY (%(library_ids)s);
 
 -- name: queue_overview
 -- Figures for `inventory-pipeline status` and sensor metadata.

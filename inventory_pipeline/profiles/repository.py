@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -300,6 +301,7 @@ def profile_status(conn: Connection, library_ids: Sequence[int]) -> list[Profile
             dirty_seconds=r["dirty_seconds"],
             published_at=r["generated_at"],
             published_traits=tuple(r["published_traits"]),
+            paused=r["paused"],
         )
         for r in rows
     ]
@@ -332,9 +334,19 @@ def stored_profile(conn: Connection, library_id: int) -> StoredProfile | None:
     )
 
 
-def stalled_libraries(conn: Connection, stall_seconds: int, limit: int) -> list[StalledLibrary]:
+def stalled_libraries(
+    conn: Connection, stall_seconds: int, limit: int, after: tuple[datetime, int] | None
+) -> list[StalledLibrary]:
+    since, library_id = after if after is not None else (None, None)
     rows = fetch_all(
-        conn, QUERIES["stalled_libraries"], {"stall_seconds": stall_seconds, "limit": limit}
+        conn,
+        QUERIES["stalled_libraries"],
+        {
+            "stall_seconds": stall_seconds,
+            "limit": limit,
+            "after_since": since if since is not None else "-infinity",
+            "after_id": library_id if library_id is not None else 0,
+        },
     )
     return [
         StalledLibrary(
@@ -346,6 +358,13 @@ def stalled_libraries(conn: Connection, stall_seconds: int, limit: int) -> list[
         )
         for r in rows
     ]
+
+
+def acknowledged_revisions(
+    conn: Connection, library_ids: Sequence[int]
+) -> dict[int, tuple[int, bool]]:
+    rows = fetch_all(conn, QUERIES["acknowledged_revisions"], {"library_ids": list(library_ids)})
+    return {int(r["library_id"]): (int(r["acknowledged_revision"]), r["paused"]) for r in rows}
 
 
 def queue_overview(conn: Connection) -> QueueOverview:

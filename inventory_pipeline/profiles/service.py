@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 from uuid import uuid4
 
@@ -398,10 +399,25 @@ def stored_profile(conn: Connection, library_id: int) -> StoredProfile | None:
     return repository.stored_profile(conn, library_id)
 
 
-def stalled_libraries(conn: Connection, policy: RefreshPolicy, limit: int) -> list[StalledLibrary]:
-    """Libraries dirty for longer than `policy.stall_seconds`, oldest first, at most
-    `limit`. Reads only: it claims and leases nothing."""
-    return repository.stalled_libraries(conn, policy.stall_seconds, limit)
+def stalled_libraries(
+    conn: Connection,
+    policy: RefreshPolicy,
+    limit: int,
+    after: tuple[datetime, int] | None = None,
+) -> list[StalledLibrary]:
+    """Active libraries dirty for longer than `policy.stall_seconds`, oldest first, at
+    most `limit`, after the position (dirty since, library id) of the last one a previous
+    page held. An inactive library waits by design: paused, not stalled. Reads only: it
+    claims and leases nothing."""
+    return repository.stalled_libraries(conn, policy.stall_seconds, limit, after)
+
+
+def acknowledged_revisions(
+    conn: Connection, library_ids: Sequence[int]
+) -> dict[int, tuple[int, bool]]:
+    """Each library's acknowledged revision and whether it is paused (its library or
+    server inactive); deleted libraries are absent."""
+    return repository.acknowledged_revisions(conn, library_ids)
 
 
 def queue_overview(conn: Connection) -> QueueOverview:
