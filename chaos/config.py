@@ -190,6 +190,8 @@ PUBLICATION_LOCK_WAIT_AT = (0.15, 0.4)
 LIBRARY_HOLD_AT = (0.7, 0.9)
 LIBRARY_HOLD_SECONDS = 9.5
 HOLD_ANSWER_DELAY_SECONDS = 0.5
+# Holds tried per fixed point, each of another library, until one interrupts.
+HOLD_ATTEMPTS = 3
 LIBRARY_HOLD_LEASE_SECONDS = 10
 # The stand-in gzip-codes its answers from this fraction of the run, for at least
 # KEPT_FAULT_OPERATIONS operations (and as a drawn fault); each must be read as if uncoded.
@@ -199,7 +201,7 @@ KEPT_FAULT_OPERATIONS = 24
 # fraction of the run, as the compression above (and as a drawn fault): each
 # must end as an invalid_response without an observer's memory growing past
 # OBSERVER_MEMORY_GROWTH_MIB.
-BOMB_AT = 0.8
+BOMB_AT = 0.2
 # What an observer's process may hold above its size when it started: its answers are at
 # most 64 KiB decoded, so a nested-gzip bomb decoded without bound passes this at once.
 OBSERVER_MEMORY_GROWTH_MIB = 64

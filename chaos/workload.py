@@ -31,6 +31,7 @@ from chaos.config import (
     EXPECTED_SQLSTATE_CLASSES,
     EXPECTED_SQLSTATES,
     HOLD_ANSWER_DELAY_SECONDS,
+    HOLD_ATTEMPTS,
     KEPT_FAULT_OPERATIONS,
     LARGE_EXERCISES,
     LARGE_IMPORT_SESSIONS,
@@ -137,6 +138,8 @@ HOLDABLE = (
     "             WHERE o.library_id = i.library_id AND o.id <> i.id)"
     " AND NOT EXISTS (SELECT 1 FROM profile_refresh_requests r"
     "                 WHERE r.library_id = i.library_id AND r.status = 'running')"
+    " AND i.library_id <> ALL (%(tried)s::bigint[])"
+    " AND NOT tmdb_id_of(i.provider_id) = ANY (%(merged)s::bigint[])"
     " ORDER BY md5(i.id::text) LIMIT 1"
 )
 # An item of the held library made due first in line (one an observer can claim).
@@ -144,6 +147,7 @@ MAKE_DUE = (
     "UPDATE media_server_items SET observation_due_at = now() - interval '1 hour'"
     " WHERE id = (SELECT i.id FROM media_server_items i"
     f"             WHERE i.library_id = %(library_id)s AND i.id <> %(other)s AND {HOLDABLE_ITEM}"
+    "              AND NOT tmdb_id_of(i.provider_id) = ANY (%(merged)s::bigint[])"
     "              AND i.observation_lease_token IS NULL ORDER BY i.id LIMIT 1)"
     " RETURNING id"
 )
@@ -981,10 +985,32 @@ class Workload:
         thread.start()
 
     def _hold_library(self, aux: Connection, sync: Connection) -> str:
-        target = fetch_one(aux, HOLDABLE)
+        """Up to HOLD_ATTEMPTS holds, each of another library, until one interrupts an
+        observation (an answer may end the claim another way: a record merged away
+        answers 404, whose failure needs no library state)."""
+        tried: list[int] = []
+        outcome = "no library"
+        try:
+            for _ in range(HOLD_ATTEMPTS):
+                outcome = self._hold_once(aux, sync, tried)
+                if outcome in ("interrupted", "no library"):
+                    break
+        finally:
+            with self.standin.state.lock:  # the late answers end with the hold
+                fault = self.standin.state.fault
+                if fault is not None and fault.fault == "slow":
+                    self.standin.state.fault = None
+        return outcome
+
+    def _hold_once(self, aux: Connection, sync: Connection, tried: list[int]) -> str:
+        merged = sorted({tmdb_id for _, tmdb_id in list(self.merged)})
+        target = fetch_one(aux, HOLDABLE, {"tried": tried, "merged": merged})
         if target is None:
             return "no library"
-        item = fetch_one(aux, MAKE_DUE, target)
+        tried.append(int(target["library_id"]))
+        if tried[1:] and not self.storm_left:  # a later attempt: the answer late again
+            self.standin.set_fault("slow", delay=HOLD_ANSWER_DELAY_SECONDS)
+        item = fetch_one(aux, MAKE_DUE, {**target, "merged": merged})
         if item is None:
             return "no item"
         deadline = time.monotonic() + LIBRARY_HOLD_SECONDS
