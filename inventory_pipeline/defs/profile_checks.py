@@ -249,11 +249,15 @@ def library_profile_staleness_sensor(
             reported[lib.library_id] = lib.revision
         others = [i for i in reported if i not in seen]
         progress = service.acknowledged_revisions(conn, others)
-        moved_on = [
-            i
-            for i in others
-            if i not in progress or progress[i][1] or progress[i][0] >= reported[i]
-        ]
+
+        def moved_on_from(library_id: int) -> bool:
+            """Deleted, paused, or acknowledged up to the revision reported."""
+            if library_id not in progress:
+                return True
+            acknowledged, paused = progress[library_id]
+            return paused or acknowledged >= reported[library_id]
+
+        moved_on = [i for i in others if moved_on_from(i)]
         for library_id in moved_on:
             del reported[library_id]
         # Each range's verdict from all of its libraries: the same figures as every
