@@ -179,8 +179,8 @@ PUBLICATION_LOCK_WAIT_AT = (0.15, 0.4)
 # observation's completion tries (3 x the 2 s lock timeout): at these fractions of the
 # run, after the publication lock waits and the server restart (a hold across the restart
 # is cut short; one beside a lock wait kept its publication from being found). The hold
-# begins once an item of the library is claimed, its answer delayed
-# HOLD_ANSWER_DELAY_SECONDS; no profile claim holds the library then, and one made
+# begins once an observer asks for an item of the library, whose answer the stand-in
+# keeps until the hold has begun; no profile claim holds the library then, and one made
 # during the hold waits less than its lease (a Dagster run's is 10 s). The completion is
 # interrupted and the item given back due RETRY_POLICY.interrupted_seconds later; nobody
 # may send it again sooner. The harness's 3 s lease is shorter than those tries,
@@ -189,9 +189,11 @@ PUBLICATION_LOCK_WAIT_AT = (0.15, 0.4)
 # interrupted, or after LIBRARY_HOLD_SECONDS, under the Dagster lease.
 LIBRARY_HOLD_AT = (0.7, 0.9)
 LIBRARY_HOLD_SECONDS = 9.5
-HOLD_ANSWER_DELAY_SECONDS = 0.5
-# Holds tried per fixed point, each of another library, until one interrupts.
+# Holds tried per fixed point, each of another library, until one interrupts; each
+# waits this long for an observer to ask for its item (a throttle pause or a key's
+# verification may come first).
 HOLD_ATTEMPTS = 3
+HOLD_ASK_SECONDS = 20
 LIBRARY_HOLD_LEASE_SECONDS = 10
 # The stand-in gzip-codes its answers from this fraction of the run, for at least
 # KEPT_FAULT_OPERATIONS operations (and as a drawn fault); each must be read as if uncoded.

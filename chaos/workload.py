@@ -30,7 +30,7 @@ from chaos.config import (
     CANCEL_LOOK_SECONDS,
     EXPECTED_SQLSTATE_CLASSES,
     EXPECTED_SQLSTATES,
-    HOLD_ANSWER_DELAY_SECONDS,
+    HOLD_ASK_SECONDS,
     HOLD_ATTEMPTS,
     KEPT_FAULT_OPERATIONS,
     LARGE_EXERCISES,
@@ -128,13 +128,13 @@ HOLDABLE_ITEM = (
     " AND mod(tmdb_id_of(i.provider_id), 17) <> 0"
 )
 HOLDABLE = (
-    "SELECT i.library_id,"
+    "SELECT i.library_id, i.id, tmdb_id_of(i.provider_id) AS tmdb_id,"
     " (SELECT o.id FROM media_server_items o WHERE o.library_id = i.library_id"
     "  AND o.id <> i.id ORDER BY o.id LIMIT 1) AS other"
     " FROM media_server_items i JOIN libraries l ON l.id = i.library_id"
     " JOIN media_servers m ON m.id = l.server_id"
     f" WHERE {HOLDABLE_ITEM} AND l.active AND m.active AND l.media_kind IN ('movie', 'tv')"
-    " AND EXISTS (SELECT 1 FROM media_server_items o"
+    " AND i.observation_lease_token IS NULL AND EXISTS (SELECT 1 FROM media_server_items o"
     "             WHERE o.library_id = i.library_id AND o.id <> i.id)"
     " AND NOT EXISTS (SELECT 1 FROM profile_refresh_requests r"
     "                 WHERE r.library_id = i.library_id AND r.status = 'running')"
@@ -142,17 +142,17 @@ HOLDABLE = (
     " AND NOT tmdb_id_of(i.provider_id) = ANY (%(merged)s::bigint[])"
     " ORDER BY md5(i.id::text) LIMIT 1"
 )
-# An item of the held library made due first in line (one an observer can claim).
+# The held library's item made due first in line (one an observer can claim).
 MAKE_DUE = (
     "UPDATE media_server_items SET observation_due_at = now() - interval '1 hour'"
-    " WHERE id = (SELECT i.id FROM media_server_items i"
-    f"             WHERE i.library_id = %(library_id)s AND i.id <> %(other)s AND {HOLDABLE_ITEM}"
-    "              AND NOT tmdb_id_of(i.provider_id) = ANY (%(merged)s::bigint[])"
-    "              AND i.observation_lease_token IS NULL ORDER BY i.id LIMIT 1)"
-    " RETURNING id"
+    " WHERE id = %(id)s AND observation_lease_token IS NULL RETURNING id"
 )
-CLAIMED_ITEM = (
-    "SELECT 1 FROM media_server_items WHERE id = %(id)s AND observation_lease_token IS NOT NULL"
+# What became of a held library's item whose observation was not interrupted.
+HELD_ITEM_END = (
+    "SELECT CASE WHEN observation_lease_token IS NOT NULL THEN 'still claimed'"
+    " WHEN observed_at >= %(since)s THEN 'observed'"
+    " WHEN last_attempt_at >= %(since)s THEN 'failed ' || coalesce(recovery_category, '')"
+    " ELSE 'given back' END AS why FROM media_server_items WHERE id = %(id)s"
 )
 # One look of a library hold: every live claim in the library gets the lease production's
 # five minutes would give it (the harness's 3 s lease is shorter than the completion's
@@ -960,14 +960,13 @@ class Workload:
         """A sync program's transaction holds a library's inventory state (a captured
         write to one item) while an observer's answer for another item of it comes: the
         completion waits out its tries and gives the claim back. The item is made due
-        first in line and the stand-in answers late (a fixed point's fault, kept a
-        while), so that the hold begins between the claim and the answer. It runs beside
-        the operations, on connections of its own, until an observation there is given
-        back interrupted (at most LIBRARY_HOLD_SECONDS). The operations that write the
-        library meanwhile wait for it, as they would for a real sync."""
+        first in line and the stand-in holds its answer (a gate) until the sync's write
+        is made, so that the hold begins between the request and the answer. It runs
+        beside the operations, on connections of its own, until an observation there is
+        given back interrupted (at most LIBRARY_HOLD_SECONDS). The operations that write
+        the library meanwhile wait for it, as they would for a real sync."""
         if self.reconnect is None:
             return
-        self.keep_fault("slow", {"delay": HOLD_ANSWER_DELAY_SECONDS})
         reconnect = self.reconnect
 
         def hold() -> None:
@@ -986,20 +985,13 @@ class Workload:
 
     def _hold_library(self, aux: Connection, sync: Connection) -> str:
         """Up to HOLD_ATTEMPTS holds, each of another library, until one interrupts an
-        observation (an answer may end the claim another way: a record merged away
-        answers 404, whose failure needs no library state)."""
+        observation (an observer may be killed or paused before it asks or completes)."""
         tried: list[int] = []
         outcome = "no library"
-        try:
-            for _ in range(HOLD_ATTEMPTS):
-                outcome = self._hold_once(aux, sync, tried)
-                if outcome in ("interrupted", "no library"):
-                    break
-        finally:
-            with self.standin.state.lock:  # the late answers end with the hold
-                fault = self.standin.state.fault
-                if fault is not None and fault.fault == "slow":
-                    self.standin.state.fault = None
+        for _ in range(HOLD_ATTEMPTS):
+            outcome = self._hold_once(aux, sync, tried)
+            if outcome in ("interrupted", "no library"):
+                break
         return outcome
 
     def _hold_once(self, aux: Connection, sync: Connection, tried: list[int]) -> str:
@@ -1008,34 +1000,43 @@ class Workload:
         if target is None:
             return "no library"
         tried.append(int(target["library_id"]))
-        if tried[1:] and not self.storm_left:  # a later attempt: the answer late again
-            self.standin.set_fault("slow", delay=HOLD_ANSWER_DELAY_SECONDS)
-        item = fetch_one(aux, MAKE_DUE, {**target, "merged": merged})
-        if item is None:
-            return "no item"
-        deadline = time.monotonic() + LIBRARY_HOLD_SECONDS
-        while fetch_one(aux, CLAIMED_ITEM, item) is None:
-            if time.monotonic() >= deadline:
-                return "never claimed"
-            time.sleep(0.01)
-        library = {**target, "since": datetime.now(UTC), **HOLD_CLOCKS}
-        execute(sync, "BEGIN")
+        tmdb_id = int(target["tmdb_id"])
+        # The operator corrects a wrong key first: an answer to it is a 401, whose failure
+        # needs no library state (the observers wait for its verification to ask again).
+        execute(
+            aux,
+            "UPDATE provider_settings SET api_key = %s"
+            " WHERE provider = 'tmdb' AND api_key IS DISTINCT FROM %s",
+            (API_KEY, API_KEY),
+        )
+        gate = self.standin.gate(tmdb_id)
         try:
-            execute(  # a change of a captured column: the library's state is held
-                sync,
-                "UPDATE media_server_items SET rating = CASE WHEN rating = 1 THEN 2 ELSE 1 END"
-                " WHERE id = %(other)s",
-                target,
-            )
-            deadline = time.monotonic() + LIBRARY_HOLD_SECONDS
-            while time.monotonic() < deadline:
-                row = fetch_one(aux, HOLD_STEP, library)
-                if row is not None and row["interrupted"]:
-                    return "interrupted"
-                time.sleep(0.05)
-            return "not interrupted"
+            if fetch_one(aux, MAKE_DUE, target) is None:
+                return "no item"
+            if not gate.arrived.wait(HOLD_ASK_SECONDS):
+                return "never asked"
+            library = {**target, "since": datetime.now(UTC), **HOLD_CLOCKS}
+            execute(sync, "BEGIN")
+            try:
+                execute(  # a change of a captured column: the library's state is held
+                    sync,
+                    "UPDATE media_server_items"
+                    " SET rating = CASE WHEN rating = 1 THEN 2 ELSE 1 END WHERE id = %(other)s",
+                    target,
+                )
+                self.standin.ungate(tmdb_id)
+                deadline = time.monotonic() + LIBRARY_HOLD_SECONDS
+                while time.monotonic() < deadline:
+                    row = fetch_one(aux, HOLD_STEP, library)
+                    if row is not None and row["interrupted"]:
+                        return "interrupted"
+                    time.sleep(0.05)
+                end = fetch_one(aux, HELD_ITEM_END, library)
+                return f"not interrupted: {end['why'] if end else 'item gone'}"
+            finally:
+                execute(sync, "COMMIT")
         finally:
-            execute(sync, "COMMIT")
+            self.standin.ungate(tmdb_id)
 
     def cancel_stage(self) -> None:
         """An operator cancels a stats worker's stage call in flight (pg_cancel_backend),

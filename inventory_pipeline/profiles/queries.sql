@@ -250,8 +250,10 @@ WHERE i.library_id = %(library_id)s;
 -- nothing. The library (key share) and then its state row are locked first (lock
 -- order library -> state -> request), waiting for a deletion in flight: once the
 -- library is gone nothing matches and the claim is lost, with nothing to acknowledge.
--- Publication or the guarded deletion of an empty library's profile happens only with
--- the claim.
+-- The lease is checked against the clock read once the state row is held: a sync
+-- program's transaction may hold it for longer than the lease, and now() is when the
+-- statement began. Publication or the guarded deletion of an empty library's profile
+-- happens only with the claim.
 WITH state AS (
     SELECT s.library_id
     FROM library_inventory_state s
@@ -260,19 +262,23 @@ WITH state AS (
     FOR KEY SHARE OF l
     FOR UPDATE OF s
 ),
+held AS (
+    SELECT library_id, clock_timestamp() AS at FROM state
+),
 done AS (
     UPDATE profile_refresh_requests r
     SET status = 'succeeded',
-        finished_at = now(),
+        finished_at = held.at,
         lease_token = NULL,
         lease_expires_at = NULL,
         last_error = NULL,
         last_error_sqlstate = NULL
+    FROM held
     WHERE r.id = %(request_id)s
-      AND r.library_id = (SELECT library_id FROM state)
+      AND r.library_id = held.library_id
       AND r.status = 'running'
       AND r.lease_token = %(lease_token)s
-      AND r.lease_expires_at > now()
+      AND r.lease_expires_at > held.at
     RETURNING r.library_id, r.kind, r.inventory_revision
 ),
 acknowledged AS (
@@ -317,11 +323,19 @@ FROM done;
 -- name: fail_claim
 -- A failed attempt: retry with doubling backoff, or fail for good on the last attempt
 -- (or at once when retrying cannot help). Only the current lease holder can record it.
+-- An analyst's backfill spends none of the automatic path's attempts
+-- (docs/profiles.md#backfill): its failure is recorded, and the request goes back with
+-- the attempts and the backoff it had.
 UPDATE profile_refresh_requests r
-SET status = CASE WHEN %(terminal)s OR r.attempts >= r.max_attempts
+SET status = CASE WHEN %(terminal)s OR (%(spends_attempt)s AND r.attempts >= r.max_attempts)
                   THEN 'failed' ELSE 'pending' END,
-    finished_at = CASE WHEN %(terminal)s OR r.attempts >= r.max_attempts THEN now() END,
-    available_at = now() + make_interval(secs => %(retry_seconds)s * 2 ^ (r.attempts - 1)),
+    finished_at = CASE WHEN %(terminal)s OR (%(spends_attempt)s AND r.attempts >= r.max_attempts)
+                       THEN now() END,
+    attempts = CASE WHEN %(terminal)s OR %(spends_attempt)s THEN r.attempts
+                    ELSE r.attempts - 1 END,
+    available_at = CASE WHEN %(terminal)s OR %(spends_attempt)s
+                        THEN now() + make_interval(secs => %(retry_seconds)s * 2 ^ (r.attempts - 1))
+                        ELSE r.available_at END,
     lease_token = NULL,
     lease_expires_at = NULL,
     last_error = %(error)s,

@@ -239,6 +239,7 @@ def fail_claim(
     error: str,
     sqlstate: str | None,
     terminal: bool = False,
+    spends_attempt: bool = True,
 ) -> Row | None:
     return fetch_one(
         conn,
@@ -250,6 +251,7 @@ def fail_claim(
             "error": error,
             "sqlstate": sqlstate,
             "terminal": terminal,
+            "spends_attempt": spends_attempt,
         },
     )
 

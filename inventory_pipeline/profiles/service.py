@@ -117,13 +117,14 @@ def _fail(
     error: str | BaseException,
     snapshot_revision: int = 0,
     terminal: bool = False,
+    spends_attempt: bool = True,
 ) -> Completion:
     """Record a failed attempt; a claim that is gone (lease lost, library deleted) is lost.
     An exception is recorded by class and first line, with its SQLSTATE when the
     database raised it, so a reader tells an expected refusal from a defect."""
     sqlstate = error.sqlstate if isinstance(error, DatabaseError) else None
     message = error if isinstance(error, str) else _describe(error)
-    row = repository.fail_claim(conn, claim, policy, message, sqlstate, terminal)
+    row = repository.fail_claim(conn, claim, policy, message, sqlstate, terminal, spends_attempt)
     return Completion(
         request_id=claim.request_id,
         library_id=claim.library_id,
@@ -144,6 +145,7 @@ def process(
     claim: Claim,
     policy: RefreshPolicy,
     generate: Generator = generate_profile,
+    spends_attempt: bool = True,
 ) -> Completion:
     """Generate the claimed library's profile and complete the claim.
 
@@ -152,14 +154,15 @@ def process(
     empty library completes with the guarded profile deletion and is acknowledged. A failure records
     a retry (or the terminal failure on the last attempt) for this claim alone; a lost
     claim changes nothing. A request for a revision the library never reached (written
-    by hand) cannot be acknowledged: it fails at once.
+    by hand) cannot be acknowledged: it fails at once. An analyst's backfill processes
+    with `spends_attempt=False`: its failure gives the attempt back.
     """
     try:
         library = read_snapshot(conn, claim.library_id)
     except DatabaseUnavailable:
         raise  # nothing can be recorded; the lease expires and the request is retried
     except DatabaseError as exc:
-        return _fail(conn, claim, policy, exc)
+        return _fail(conn, claim, policy, exc, spends_attempt=spends_attempt)
     if (claim.inventory_revision or 0) > library.revision:
         return _fail(
             conn,
@@ -173,14 +176,14 @@ def process(
     try:
         profile = generate(library.columns, library.rows) if library.rows else None
     except Exception as exc:
-        return _fail(conn, claim, policy, exc, library.revision)
+        return _fail(conn, claim, policy, exc, library.revision, spends_attempt=spends_attempt)
     item_count = len(library.rows)
     try:
         row = repository.complete_claim(conn, claim, library.revision, item_count, profile)
     except DatabaseUnavailable:
         raise
     except DatabaseError as exc:
-        return _fail(conn, claim, policy, exc, library.revision)
+        return _fail(conn, claim, policy, exc, library.revision, spends_attempt=spends_attempt)
     if row is None:
         outcome: Literal["published", "removed", "lost"] = "lost"
     else:
@@ -266,47 +269,72 @@ def backfill(
     wait_seconds: float | None = None,
     generate: Generator = generate_profile,
 ) -> list[BackfillResult]:
-    """An analyst's refresh of chosen libraries, through the outbox and lease path.
+    """An analyst's refresh of chosen libraries, through the outbox and lease path
+    (docs/profiles.md#backfill).
 
     Enqueue an inventory_change at the current revision or join the library's active
     request, then claim and process them one at a time (a lease covers only work that
     has begun, however many libraries were chosen). A request held by another worker is
     waited for until it finishes or its lease expires and it can be taken; the wait
-    gives up after `wait_seconds` without progress.
+    gives up after `wait_seconds` without progress. A library is refreshed once the
+    revision the backfill found is acknowledged: a joined request of an older revision
+    or of another kind is followed by one of the backfill's own. A failure is the
+    analyst's to see and spends none of the automatic path's attempts.
     """
     ids = sorted(set(library_ids))
-    with transaction(conn):
-        states = {row["library_id"]: row for row in repository.lock_states(conn, ids)}
-        requests = repository.request_backfill(conn, ids)
     results: dict[int, BackfillResult] = {}
-    for library_id in ids:
-        state = states.get(library_id)
-        if state is None:
-            results[library_id] = BackfillResult(library_id, "failed", error="no such library")
-        elif not state["active"]:
-            results[library_id] = BackfillResult(library_id, "inactive", error="library inactive")
-        elif state["revision"] == 0:
-            results[library_id] = BackfillResult(library_id, "never_stocked")
-    waiting: dict[int, BackfillRequest] = {
-        r.request_id: r for r in requests if r.library_id not in results
-    }
+    found: dict[int, int] = {}  # the revision each library had when the backfill began
+    waiting: dict[int, BackfillRequest] = {}
+
+    def enqueue(chosen: Sequence[int]) -> None:
+        with transaction(conn):
+            states = {row["library_id"]: row for row in repository.lock_states(conn, chosen)}
+            requests = repository.request_backfill(conn, chosen)
+        for library_id in chosen:
+            state = states.get(library_id)
+            if state is None:
+                error = "no such library" if library_id not in found else "library deleted"
+                results[library_id] = BackfillResult(library_id, "failed", error=error)
+            elif not state["active"]:
+                results[library_id] = BackfillResult(
+                    library_id, "inactive", error="library inactive"
+                )
+            elif state["revision"] == 0:
+                results[library_id] = BackfillResult(library_id, "never_stocked")
+            else:
+                found.setdefault(library_id, state["revision"])
+        waiting.update({r.request_id: r for r in requests if r.library_id not in results})
+
+    def finished(library_id: int, acknowledged: int | None, result: BackfillResult) -> None:
+        """The backfill's result, or its own request when the library is still behind."""
+        if acknowledged is None:
+            acknowledged = repository.acknowledged_revisions(conn, [library_id]).get(
+                library_id, (0, False)
+            )[0]
+        if acknowledged >= found[library_id]:
+            results[library_id] = result
+        else:
+            enqueue([library_id])
+
+    enqueue(ids)
     patience = wait_seconds if wait_seconds is not None else policy.lease_seconds + 30
     deadline = time.monotonic() + patience
     while waiting:
         batch = claim(conn, policy, request_ids=list(waiting))
         if batch.claims:
             [c] = batch.claims
-            completion = process(conn, c, policy, generate)
+            del waiting[c.request_id]
+            completion = process(conn, c, policy, generate, spends_attempt=False)
             if completion.outcome in ("published", "removed"):
-                results[c.library_id] = BackfillResult(c.library_id, "refreshed", completion)
+                result = BackfillResult(c.library_id, "refreshed", completion)
+                finished(c.library_id, completion.acknowledged_revision, result)
             else:
-                # One attempt per backfill: a failure keeps its backoff for the automatic
-                # path instead of burning the remaining attempts (and tripping the
-                # circuit) in a tight loop.
+                # One attempt per backfill, given back when it fails: the automatic path
+                # keeps its attempts and backoff (a tight loop here would trip the
+                # circuit).
                 results[c.library_id] = BackfillResult(
                     c.library_id, "failed", completion, error=completion.error or "claim lost"
                 )
-            del waiting[c.request_id]
             deadline = time.monotonic() + patience
             continue
         outcomes = repository.request_outcomes(conn, list(waiting))
@@ -318,10 +346,9 @@ def backfill(
             del waiting[gone]
         for row in outcomes:
             if row["status"] == "succeeded":
-                results[row["library_id"]] = BackfillResult(
-                    row["library_id"], "refreshed_elsewhere"
-                )
                 del waiting[row["id"]]
+                library_id = row["library_id"]
+                finished(library_id, None, BackfillResult(library_id, "refreshed_elsewhere"))
             elif row["status"] == "failed":
                 results[row["library_id"]] = BackfillResult(
                     row["library_id"], "failed", error=row["last_error"]

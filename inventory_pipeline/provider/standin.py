@@ -37,6 +37,9 @@ record with the request's key in a header), garbage (not JSON), cut_json (a comp
 response whose JSON is cut short), missing (a 200 without required fields), body (a 200
 with the given text, verbatim), compress (every answer as it would be, gzip-coded when the
 request accepts gzip).
+A gate (`StandIn.gate`, in process only) holds the answers for one id until it opens, so
+that a test can act between a request's arrival and its answer; they are then answered
+as they are, whatever the fault.
 It binds to loopback only and never logs request lines (they carry the key).
 """
 
@@ -167,6 +170,18 @@ class Fault:
 
 
 @dataclass(frozen=True)
+class Gate:
+    """The answers for one id wait until `opened` (at most GATE_SECONDS); `arrived` is
+    set by the first request that waits."""
+
+    arrived: threading.Event = field(default_factory=threading.Event)
+    opened: threading.Event = field(default_factory=threading.Event)
+
+
+GATE_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
 class Merge:
     """`(kind, from)` folded into `into` (see the module docstring)."""
 
@@ -190,6 +205,7 @@ class StandInState:
     finds: dict[tuple[str, str], tuple[tuple[str, int], ...]] = field(default_factory=dict)
     missing_every: int | None = None  # demo: ids divisible by this are unknown
     fault: Fault | None = None
+    gates: dict[int, Gate] = field(default_factory=dict)
     arrivals: list[float] = field(default_factory=list)
     compressed: int = 0  # answers the compress fault gzip-coded
     encoded: int = 0  # answers the encoded fault sent
@@ -425,7 +441,12 @@ class _Handler(BaseHTTPRequestHandler):
         if kind == "find":  # faults aimed at ids hit the lookups of their external ids
             owner = owner_of(source, parts[2])
             tmdb_id = owner[1] if owner is not None else None
-        if fault is not None and fault.applies(tmdb_id) and self._fault(fault):
+        with state.lock:
+            gate = state.gates.get(tmdb_id) if tmdb_id is not None else None
+        if gate is not None:
+            gate.arrived.set()
+            gate.opened.wait(GATE_SECONDS)
+        elif fault is not None and fault.applies(tmdb_id) and self._fault(fault):
             return
         key = query.get("api_key", [None])[0]
         if key != state.api_key:
@@ -609,6 +630,19 @@ class StandIn:
     def clear_fault(self) -> None:
         with self.state.lock:
             self.state.fault = None
+
+    def gate(self, tmdb_id: int) -> Gate:
+        """Hold the answers for `tmdb_id` until the gate opens (`ungate` opens it)."""
+        gate = Gate()
+        with self.state.lock:
+            self.state.gates[tmdb_id] = gate
+        return gate
+
+    def ungate(self, tmdb_id: int) -> None:
+        with self.state.lock:
+            gate = self.state.gates.pop(tmdb_id, None)
+        if gate is not None:
+            gate.opened.set()
 
     def set_available(self, kind: str, tmdb_id: int, available: bool) -> None:
         _set_available(self.state, (kind, tmdb_id), available)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -178,6 +179,39 @@ def test_expired_but_unclaimed_lease_cannot_complete(conn: Connection) -> None:
     [claim] = service.claim(conn, POLICY).claims
     execute(conn, "UPDATE profile_refresh_requests SET lease_expires_at = now() - interval '1s'")
     assert service.process(conn, claim, POLICY).outcome == "lost"
+    assert f.state(conn, lib)["acknowledged_revision"] == 0
+
+
+def test_a_completion_that_waited_for_its_library_past_its_lease_is_lost(
+    conn: Connection, db_url: str
+) -> None:
+    """A sync program's open transaction holds the library's state row while the
+    worker's completion waits for it; the lease runs out meanwhile. The completion
+    checks the lease when it holds the row, not when it began: it is lost."""
+    lib = f.library(conn)
+    [first, *_] = f.items(conn, lib, 6)
+    service.plan(conn, POLICY)
+    [claim] = service.claim(conn, RefreshPolicy(lease_seconds=1)).claims
+    outcome: list[str] = []
+    with connect(db_url) as sync, connect(db_url) as worker:
+        execute(sync, "BEGIN")
+        execute(sync, "UPDATE media_server_items SET rating = 1.5 WHERE id = %s", (first,))
+        thread = threading.Thread(
+            target=lambda: outcome.append(service.process(worker, claim, POLICY).outcome)
+        )
+        pid = fetch_one(worker, "SELECT pg_backend_pid() AS pid")
+        assert pid is not None
+        thread.start()
+        while not fetch_one(
+            conn,
+            "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+            (pid["pid"],),
+        ):
+            time.sleep(0.02)
+        execute(sync, "SELECT pg_sleep(1.5)")  # past the lease
+        execute(sync, "COMMIT")
+        thread.join()
+    assert outcome == ["lost"]
     assert f.state(conn, lib)["acknowledged_revision"] == 0
 
 
@@ -454,13 +488,64 @@ def test_library_deletion_removes_its_requests_and_profile(conn: Connection) -> 
     assert service.plan(conn, POLICY).planned == 0
 
 
-def test_failed_backfill_spends_one_attempt(conn: Connection) -> None:
+def test_failed_backfill_spends_no_attempt(conn: Connection) -> None:
+    """The backfill tries once; its failure leaves the request to the automatic path
+    with all of its attempts."""
     lib = f.library(conn)
     f.items(conn, lib, 6)
     [result] = service.backfill(conn, [lib], POLICY, generate=broken)
     assert result.status == "failed" and "generation blew up" in (result.error or "")
     [request] = f.requests(conn, lib)
-    assert (request["status"], request["attempts"]) == ("pending", 1)
+    assert (request["status"], request["attempts"]) == ("pending", 0)
+
+
+@pytest.mark.parametrize("joined", ["older revision", "learning"])
+def test_a_backfill_that_joins_a_request_ends_with_its_revision_acknowledged(
+    conn: Connection, joined: str
+) -> None:
+    """The active request a backfill joins may carry an older revision, or be of another
+    kind (which acknowledges nothing): the backfill reports its library refreshed only
+    once the revision it found is acknowledged, queueing a request of its own after the
+    joined one."""
+    lib = f.library(conn)
+    f.items(conn, lib, 6)
+    if joined == "older revision":
+        service.plan(conn, POLICY)  # pending at revision 1
+    else:
+        service.request_learning_refresh(conn, lib, learning_id=1, classification_id=9)
+    f.items(conn, lib, 6)  # revision 2, behind the active request
+    [result] = service.backfill(conn, [lib], POLICY)
+    assert result.status == "refreshed"
+    assert f.state(conn, lib)["acknowledged_revision"] == f.revision(conn, lib) == 2
+    assert result.completion is not None and result.completion.acknowledged_revision == 2
+    stored = f.profile(conn, lib)
+    assert stored is not None and stored["item_count"] == 12
+
+
+def test_a_backfill_never_spends_the_last_attempt_of_the_request_it_joins(
+    conn: Connection,
+) -> None:
+    """A request in backoff after two failed attempts is joined by a backfill whose own
+    attempt fails: the analyst sees the failure, and the request goes back as it was
+    (two attempts spent, its backoff kept), its circuit still closed."""
+    lib = f.library(conn)
+    f.items(conn, lib, 6)
+    service.plan(conn, POLICY)
+    for _ in range(2):
+        execute(conn, "UPDATE profile_refresh_requests SET available_at = now()")
+        [claim] = service.claim(conn, POLICY).claims
+        assert service.process(conn, claim, POLICY, generate=broken).outcome == "failed"
+    [before] = f.requests(conn, lib)
+    assert (before["status"], before["attempts"]) == ("pending", 2)
+    [result] = service.backfill(conn, [lib], POLICY, generate=broken)
+    assert result.status == "failed" and "generation blew up" in (result.error or "")
+    [after] = f.requests(conn, lib)
+    assert (after["status"], after["attempts"]) == ("pending", 2)
+    assert after["available_at"] == before["available_at"]
+    assert after["last_error"] is not None and "generation blew up" in after["last_error"]
+    # The automatic path still has its last attempt.
+    execute(conn, "UPDATE profile_refresh_requests SET available_at = now()")
+    assert [c.outcome for c in refresh_all(conn)] == ["published"]
 
 
 def test_compaction_deletes_only_inventory_change_history(conn: Connection) -> None:
