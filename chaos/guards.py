@@ -74,18 +74,29 @@ GUARDS: tuple[Guard, ...] = (
     Guard(
         "profile_completion_token",
         PROFILE_QUERIES,
-        "      AND r.lease_token = %(lease_token)s\n      AND r.lease_expires_at > now()",
-        "      AND r.lease_expires_at > now()",
+        "      AND r.lease_token = %(lease_token)s\n      AND r.lease_expires_at > held.at",
+        "      AND r.lease_expires_at > held.at",
         "a completion acknowledges and publishes only under the live claim's token",
         ("tests/db/test_refresh.py::test_lost_claim_acknowledges_nothing",),
     ),
     Guard(
         "profile_completion_expiry",
         PROFILE_QUERIES,
-        "      AND r.lease_token = %(lease_token)s\n      AND r.lease_expires_at > now()",
+        "      AND r.lease_token = %(lease_token)s\n      AND r.lease_expires_at > held.at",
         "      AND r.lease_token = %(lease_token)s",
         "a completion after its lease ended publishes nothing (the planner may requeue it)",
         ("tests/db/test_refresh.py::test_expired_but_unclaimed_lease_cannot_complete",),
+    ),
+    Guard(
+        "profile_completion_clock",
+        PROFILE_QUERIES,
+        "      AND r.lease_expires_at > held.at",
+        "      AND r.lease_expires_at > now()",
+        "a completion that waited for its library past its lease publishes nothing",
+        (
+            "tests/db/test_refresh.py::"
+            "test_a_completion_that_waited_for_its_library_past_its_lease_is_lost",
+        ),
     ),
     Guard(
         "profile_failure_token",

@@ -24,6 +24,7 @@ from inventory_pipeline.defs.profile_ranges import (
 from inventory_pipeline.defs.profiles import (
     REFRESH_QUEUE,
     library_profile_refresh,
+    materialization_grace,
 )
 from inventory_pipeline.defs.resources import QUEUE_TAG, InventoryDatabase, runs_waiting
 from inventory_pipeline.defs.ticks import cursor_state, logged
@@ -122,6 +123,13 @@ def library_profile_sensor(
         plan = service.plan(conn, policy)
         claimable = service.claimable(conn, max_runs * policy.run_claims)
         behind = service.dirty(conn, DIRTY_SHOWN) if claimable == 0 else 0
+        # Completions a run that ended first did not record: a run records them as it
+        # starts; with no other work, one is launched for them.
+        late = (
+            bool(service.materializations_due(conn, materialization_grace(policy), 1))
+            if claimable == 0
+            else False
+        )
         fingerprint = service.library_fingerprint(conn)
         # A cursor of another width (one key per library before) was synced to other keys.
         recent = (
@@ -158,7 +166,7 @@ def library_profile_sensor(
                 "synced_at": time.time(),
                 "width": PARTITION_WIDTH,
             }
-    wanted = min(max_runs, -(-claimable // policy.run_claims))
+    wanted = min(max_runs, -(-claimable // policy.run_claims)) or int(late)
     waiting = runs_waiting(context.instance, library_profile_refresh.name)
     launches = max(0, wanted - waiting)
     first = int(state["runs"])
@@ -170,6 +178,8 @@ def library_profile_sensor(
         f"{claimable}{more} {plural(claimable, 'library')} to refresh "
         f"({plan.planned} planned by this tick, {plan.expired} expired leases)"
     )
+    if late:
+        found += "; completions of a run that ended before recording them"
     runs = [
         dg.RunRequest(
             # Unique per launch: Dagster never re-fires a run_key whose run failed.

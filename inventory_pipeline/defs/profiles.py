@@ -11,6 +11,7 @@ check (`profile_checks`)."""
 # No `from __future__ import annotations` here: Dagster reads op, asset and check
 # signatures at definition time and compares the context annotation to real classes.
 
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -47,6 +48,8 @@ from inventory_pipeline.profiles import service
 from inventory_pipeline.profiles.models import (
     Completion,
     LibraryLabel,
+    MaterializationDue,
+    RefreshPolicy,
 )
 
 REFRESH_QUEUE = "profile_refresh"
@@ -78,8 +81,19 @@ def hold_storage_connections(instance: dg.DagsterInstance) -> None:
 
 
 # Libraries a run records in Dagster together: their labels are read in one query, and
-# the check evaluations that follow their materializations name them from one lookup.
+# the check evaluations that follow their materializations name them from one lookup. A
+# batch is recorded sooner once its first completion is RECORD_SECONDS old.
 EVENT_BATCH = 50
+RECORD_SECONDS = 30.0
+# Completions of runs that ended before recording them, recorded by a run as it starts.
+LATE_LIMIT = 500
+
+
+def materialization_grace(policy: RefreshPolicy) -> float:
+    """How long after it finished a completion may still be waiting in a live run: a
+    batch is recorded at most RECORD_SECONDS plus one library's work (at most its lease)
+    after its first completion. Past this, the run that made it has ended."""
+    return policy.lease_seconds + 2 * RECORD_SECONDS
 
 
 @dg.op(tags={QUEUE_TAG: REFRESH_QUEUE})
@@ -88,29 +102,38 @@ def refresh_claimed_profiles(
 ) -> dg.Output[int]:
     """One refresh run (`service.refresh`: claim as the work begins, plan when nothing
     is claimable) of at most `max_claims` (default the policy's run_claims), one
-    materialization per library. Every EVENT_BATCH libraries, their materializations
-    and then their check evaluations are logged."""
+    materialization per library. Every EVENT_BATCH libraries (or RECORD_SECONDS), their
+    materializations and then their check evaluations are logged, and the completions
+    marked recorded in the database; it first records what earlier runs completed and
+    ended before recording (docs/profiles.md#dagster)."""
     policy = inventory_db.policy()
     if config.max_claims is not None and config.max_claims <= 0:
         raise dg.Failure(f"max_claims must be positive, got {config.max_claims}")
     budget = config.max_claims if config.max_claims is not None else policy.run_claims
     hold_storage_connections(context.instance)
     pending: list[Completion] = []
+    first_at = 0.0
     with inventory_db.connection() as conn:
+        late = service.materializations_due(conn, materialization_grace(policy), LATE_LIMIT)
+        if late:
+            log_late_completions(context, conn, late, policy.stall_seconds)
 
         def record(completion: Completion) -> None:
+            nonlocal first_at
             if completion.outcome == "failed":
                 context.log.warning(
                     f"library {completion.library_id}: attempt failed ({completion.error})"
                 )
             elif completion.outcome == "lost":
                 context.log.warning(f"library {completion.library_id}: claim lost, nothing done")
+            if not pending:
+                first_at = time.monotonic()
             pending.append(completion)
-            if len(pending) >= EVENT_BATCH:
+            if len(pending) >= EVENT_BATCH or time.monotonic() - first_at >= RECORD_SECONDS:
                 log_completions(context, conn, pending, policy.stall_seconds)
                 pending.clear()
 
-        run = service.refresh(conn, policy, budget, on_completion=record)
+        run = service.refresh(conn, policy, budget, on_completion=record, materialization_due=True)
         log_completions(context, conn, pending, policy.stall_seconds)
     counts = run.outcomes
     return dg.Output(counts["published"] + counts["removed"], metadata=counts)
@@ -126,7 +149,7 @@ def log_completions(
     every library of the range (one event per range, not per library: each Dagster
     event costs several writes, and per library they were a burst's wall); with a single
     library refreshed, that library's whole profile too. Then the check of every range
-    the batch touched, from the same read."""
+    the batch touched, from the same read; then the completions are marked recorded."""
     if not completions:
         return
     by_range = range_statuses(conn, sorted({low_of(c.library_id) for c in completions}))
@@ -154,6 +177,39 @@ def log_completions(
             )
         )
     record_checks(context, by_range, stall_seconds)
+    service.materialized(conn, [c.request_id for lib in done.values() for c in lib.values()])
+
+
+def log_late_completions(
+    context: dg.OpExecutionContext,
+    conn: Connection,
+    late: Sequence[MaterializationDue],
+    stall_seconds: int,
+) -> None:
+    """The materializations a run that ended first did not record: one per range, its
+    libraries as the database has them now (published, or removed when no profile is
+    stored), said to be recorded late; then their ranges' checks."""
+    by_range = range_statuses(conn, sorted({low_of(d.library_id) for d in late}))
+    done = {d.library_id for d in late}
+    for low, statuses in sorted(by_range.items()):
+        outcomes = {
+            s.library_id: "published" if s.profile_revision is not None else "removed"
+            for s in statuses
+            if s.library_id in done
+        }
+        if not outcomes:
+            continue  # the libraries were deleted since
+        metadata, description = range_summary(low, statuses, outcomes)
+        context.log_event(
+            dg.AssetMaterialization(
+                asset_key=PROFILE_ASSET,
+                partition=range_key(low),
+                description=f"recorded late (completed by a run that ended first): {description}",
+                metadata={**metadata, "recorded_late": True},
+            )
+        )
+    record_checks(context, by_range, stall_seconds)
+    service.materialized(conn, [d.request_id for d in late])
 
 
 @dg.job(

@@ -169,6 +169,14 @@ class RefreshRun:
 
 
 @dataclass(frozen=True)
+class MaterializationDue:
+    """A completion of a Dagster refresh run that is not yet a materialization."""
+
+    request_id: int
+    library_id: int
+
+
+@dataclass(frozen=True)
 class BackfillRequest:
     request_id: int
     library_id: int

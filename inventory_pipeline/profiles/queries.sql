@@ -272,7 +272,8 @@ done AS (
         lease_token = NULL,
         lease_expires_at = NULL,
         last_error = NULL,
-        last_error_sqlstate = NULL
+        last_error_sqlstate = NULL,
+        materialization_due = %(materialization_due)s
     FROM held
     WHERE r.id = %(request_id)s
       AND r.library_id = held.library_id
@@ -342,6 +343,23 @@ SET status = CASE WHEN %(terminal)s OR (%(spends_attempt)s AND r.attempts >= r.m
     last_error_sqlstate = %(sqlstate)s
 WHERE r.id = %(request_id)s AND r.status = 'running' AND r.lease_token = %(lease_token)s
 RETURNING r.status, r.attempts;
+
+-- name: materializations_due
+-- docs/profiles.md#dagster. Completions of Dagster refresh runs not yet recorded as
+-- materializations, finished more than %(grace_seconds)s ago (a live run records its
+-- own sooner), oldest first.
+SELECT id, library_id
+FROM profile_refresh_requests
+WHERE materialization_due
+  AND finished_at < now() - make_interval(secs => %(grace_seconds)s)
+ORDER BY finished_at, id
+LIMIT %(limit)s;
+
+-- name: materialized
+-- The completions a run has recorded as materializations.
+UPDATE profile_refresh_requests
+SET materialization_due = false
+WHERE id = ANY (%(request_ids)s) AND materialization_due;
 
 -- name: request_outcomes
 -- Where the requests of a backfill stand.

@@ -217,11 +217,13 @@ def complete_claim(
     snapshot_revision: int,
     item_count: int,
     profile: dict[str, Any] | None,
+    materialization_due: bool = False,
 ) -> Row | None:
     return fetch_one(
         conn,
         QUERIES["complete_claim"],
         {
+            "materialization_due": materialization_due,
             "request_id": claim.request_id,
             "library_id": claim.library_id,
             "lease_token": claim.lease_token,
@@ -254,6 +256,16 @@ def fail_claim(
             "spends_attempt": spends_attempt,
         },
     )
+
+
+def materializations_due(conn: Connection, grace_seconds: float, limit: int) -> list[Row]:
+    return fetch_all(
+        conn, QUERIES["materializations_due"], {"grace_seconds": grace_seconds, "limit": limit}
+    )
+
+
+def materialized(conn: Connection, request_ids: Sequence[int]) -> None:
+    execute(conn, QUERIES["materialized"], {"request_ids": list(request_ids)})
 
 
 def request_outcomes(conn: Connection, request_ids: Sequence[int]) -> list[Row]:

@@ -126,6 +126,7 @@ CREATE TABLE profile_refresh_requests (
     last_error text,
     inventory_revision bigint,
     last_error_sqlstate text,
+    materialization_due boolean DEFAULT false NOT NULL,
     CONSTRAINT profile_refresh_requests_pkey PRIMARY KEY (id),
     CONSTRAINT profile_refresh_requests_library_id_fkey FOREIGN KEY (library_id) REFERENCES libraries(id) ON DELETE CASCADE,
     CONSTRAINT profile_refresh_requests_attempts_check CHECK ((attempts >= 0)),
@@ -139,12 +140,16 @@ END),
     CONSTRAINT profile_refresh_requests_kind CHECK ((kind = ANY (ARRAY['learning'::text, 'native'::text, 'inventory_change'::text]))),
     CONSTRAINT profile_refresh_requests_learning_ids CHECK (((kind <> 'learning'::text) OR ((learning_id IS NOT NULL) AND (classification_id IS NOT NULL)))),
     CONSTRAINT profile_refresh_requests_lease CHECK (((status = 'running'::text) = ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT profile_refresh_requests_materialization_due CHECK (((NOT materialization_due) OR (status = 'succeeded'::text))),
     CONSTRAINT profile_refresh_requests_max_attempts_check CHECK ((max_attempts > 0)),
     CONSTRAINT profile_refresh_requests_native_ids CHECK (((kind <> 'native'::text) OR ((learning_id IS NULL) AND (candidate_id IS NULL)))),
     CONSTRAINT profile_refresh_requests_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'succeeded'::text, 'failed'::text])))
 );
 CREATE INDEX profile_refresh_requests_claimable ON profile_refresh_requests USING btree (available_at, id) WHERE (status = 'pending'::text);
 CREATE INDEX profile_refresh_requests_finished ON profile_refresh_requests USING btree (finished_at, id) WHERE (status = ANY (ARRAY['succeeded'::text, 'failed'::text]));
+-- Completions a Dagster refresh run made and has not yet recorded as materializations
+-- (docs/profiles.md#dagster): a run that ended first leaves them to the next run.
+CREATE INDEX profile_refresh_requests_materialization_due ON profile_refresh_requests USING btree (finished_at, id) WHERE materialization_due;
 CREATE INDEX profile_refresh_requests_leased ON profile_refresh_requests USING btree (lease_expires_at) WHERE (status = 'running'::text);
 CREATE INDEX profile_refresh_requests_library_latest ON profile_refresh_requests USING btree (library_id, id);
 -- The planner's circuit probe reads each dirty library's latest terminal request. With

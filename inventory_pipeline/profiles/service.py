@@ -33,6 +33,7 @@ from inventory_pipeline.profiles.models import (
     LibraryLabel,
     LibrarySetFingerprint,
     LibrarySnapshot,
+    MaterializationDue,
     Plan,
     PlannedRequest,
     ProfileStatus,
@@ -146,6 +147,7 @@ def process(
     policy: RefreshPolicy,
     generate: Generator = generate_profile,
     spends_attempt: bool = True,
+    materialization_due: bool = False,
 ) -> Completion:
     """Generate the claimed library's profile and complete the claim.
 
@@ -155,7 +157,9 @@ def process(
     a retry (or the terminal failure on the last attempt) for this claim alone; a lost
     claim changes nothing. A request for a revision the library never reached (written
     by hand) cannot be acknowledged: it fails at once. An analyst's backfill processes
-    with `spends_attempt=False`: its failure gives the attempt back.
+    with `spends_attempt=False`: its failure gives the attempt back. A Dagster refresh
+    run completes with `materialization_due` and clears it once it has recorded the
+    materialization (`materialized`).
     """
     try:
         library = read_snapshot(conn, claim.library_id)
@@ -179,7 +183,9 @@ def process(
         return _fail(conn, claim, policy, exc, library.revision, spends_attempt=spends_attempt)
     item_count = len(library.rows)
     try:
-        row = repository.complete_claim(conn, claim, library.revision, item_count, profile)
+        row = repository.complete_claim(
+            conn, claim, library.revision, item_count, profile, materialization_due
+        )
     except DatabaseUnavailable:
         raise
     except DatabaseError as exc:
@@ -211,6 +217,7 @@ def refresh(
     replan: bool = True,
     on_claim: Callable[[Claim], None] | None = None,
     on_completion: Callable[[Completion], None] | None = None,
+    materialization_due: bool = False,
 ) -> RefreshRun:
     """What a refresh run does: claim one request, process it, repeat, until
     `max_claims` (default `policy.run_claims`) were taken or no work is left.
@@ -225,7 +232,8 @@ def refresh(
     claim: planning again would only race the other runs for what they are taking.
     `replan=False` stops at the first empty claim instead, for a caller whose planner
     ticks on its own clock. `on_claim` runs once a claim has committed and before its
-    work starts; `on_completion` after each claim is processed.
+    work starts; `on_completion` after each claim is processed. `materialization_due`:
+    see `process`.
     """
     budget = policy.run_claims if max_claims is None else max_claims
     plans: list[Plan] = []
@@ -245,7 +253,9 @@ def refresh(
         [claimed] = batch.claims
         if on_claim is not None:
             on_claim(claimed)
-        completion = process(conn, claimed, policy, generate)
+        completion = process(
+            conn, claimed, policy, generate, materialization_due=materialization_due
+        )
         if on_completion is not None:
             on_completion(completion)
         completions.append(completion)
@@ -365,6 +375,23 @@ def backfill(
         repository.expire_leases(conn, policy)
         time.sleep(0.5)
     return [results[i] for i in ids if i in results]
+
+
+def materializations_due(
+    conn: Connection, grace_seconds: float, limit: int
+) -> list[MaterializationDue]:
+    """Completions a Dagster refresh run made and did not record (it ended first),
+    finished more than `grace_seconds` ago, oldest first."""
+    return [
+        MaterializationDue(row["id"], row["library_id"])
+        for row in repository.materializations_due(conn, grace_seconds, limit)
+    ]
+
+
+def materialized(conn: Connection, request_ids: Sequence[int]) -> None:
+    """Record that these completions are materialized in Dagster."""
+    if request_ids:
+        repository.materialized(conn, request_ids)
 
 
 def request_learning_refresh(

@@ -100,8 +100,10 @@ def test_a_library_refreshed_twice_in_one_run_is_listed_once(
     process = service.process
     changed: list[int] = []
 
-    def process_then_change(conn_: Connection, claim: Claim, *args: Any) -> Completion:
-        done = process(conn_, claim, *args)
+    def process_then_change(
+        conn_: Connection, claim: Claim, *args: Any, **options: Any
+    ) -> Completion:
+        done = process(conn_, claim, *args, **options)
         if claim.library_id == films and not changed:
             with connect(db_url) as other:
                 changed.extend(f.items(other, films, 1, seed=5))

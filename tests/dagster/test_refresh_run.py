@@ -4,9 +4,11 @@ does not open a storage connection per Dagster event."""
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -16,6 +18,7 @@ from inventory_pipeline.db.connection import create_database, drop_database, url
 from inventory_pipeline.defs import profile_checks
 from inventory_pipeline.defs import profile_ranges as ranges
 from inventory_pipeline.defs import profiles as profile_defs
+from inventory_pipeline.defs.profile_sensor import library_profile_sensor
 from inventory_pipeline.defs.resources import InventoryDatabase
 from inventory_pipeline.deployment import dagster_storage_url
 from inventory_pipeline.profiles import service
@@ -153,3 +156,84 @@ def test_run_does_not_open_a_storage_connection_per_event(
 
     small, large = run(5), run(25)
     assert large - small < 20
+
+
+def _refresh_in_child(instance_ref: dg.InstanceRef, db_url: str) -> None:
+    """A refresh run in a process of its own, for the test to kill."""
+    with dg.DagsterInstance.from_ref(instance_ref) as instance:
+        profile_defs.library_profile_refresh.execute_in_process(
+            instance=instance, resources={"inventory_db": InventoryDatabase(url=db_url)}
+        )
+
+
+def test_completions_of_a_run_killed_mid_batch_are_recorded_by_the_next_run(
+    conn: Connection, db_url: str, tmp_path: Path
+) -> None:
+    """A run records its completions in batches; killed between a completion and its
+    batch's record, it leaves them marked in the database. Once they are older than a
+    live run could hold them, the sensor launches a run for them (nothing else is left
+    to claim) and that run records them, said to be recorded late."""
+    libs = dirty_libraries(conn, 6)
+    with dg.instance_for_test(temp_dir=str(tmp_path)) as instance:
+        instance.add_dynamic_partitions(PARTITIONS, ranges_of(libs))
+        db = InventoryDatabase(url=db_url)
+        assert service.plan(conn, db.policy()).planned == 6
+        with connect(db_url) as holder:
+            execute(
+                holder, "SET idle_in_transaction_session_timeout = 0"
+            )  # the child starts slowly
+            execute(holder, "BEGIN")  # the fourth library's completion waits for its state
+            execute(
+                holder,
+                "SELECT 1 FROM library_inventory_state WHERE library_id = %s FOR UPDATE",
+                (libs[3],),
+            )
+            child = multiprocessing.get_context("spawn").Process(
+                target=_refresh_in_child, args=(instance.get_ref(), db_url)
+            )
+            child.start()
+            deadline = time.monotonic() + 120
+            while not fetch_one(
+                conn,
+                "SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' AND query LIKE '%%completion-fence%%'",
+            ):
+                assert time.monotonic() < deadline and child.is_alive()
+                time.sleep(0.05)
+            child.kill()
+            child.join()
+            execute(holder, "ROLLBACK")
+        assert [f.state(conn, lib)["acknowledged_revision"] for lib in libs[:3]] == [1, 1, 1]
+        assert instance.get_materialized_partitions(ranges.PROFILE_ASSET) == set()
+        # Time passes: the run is surely gone. Its killed claim is still leased.
+        execute(
+            conn,
+            "UPDATE profile_refresh_requests SET finished_at = finished_at - interval '1 hour'"
+            " WHERE status = 'succeeded'",
+        )
+        execute(
+            conn,
+            "UPDATE profile_refresh_requests SET available_at = now() + interval '1h'"
+            " WHERE status = 'pending'",
+        )
+        tick = library_profile_sensor(
+            dg.build_sensor_context(instance=instance, resources={"inventory_db": db})
+        )
+        assert isinstance(tick, dg.SensorResult) and tick.run_requests is not None
+        assert len(tick.run_requests) == 1
+        result = profile_defs.library_profile_refresh.execute_in_process(
+            instance=instance, resources={"inventory_db": db}
+        )
+        assert result.success
+        [event] = [
+            e.event_specific_data.materialization  # type: ignore[union-attr]
+            for e in result.all_events
+            if e.event_type == dg.DagsterEventType.ASSET_MATERIALIZATION
+        ]
+        assert event.partition == ranges.partition_of(libs[0])
+        assert event.description is not None and event.description.startswith("recorded late")
+        assert all(str(lib) in event.description for lib in libs[:3])
+        row = fetch_one(
+            conn, "SELECT count(*) AS n FROM profile_refresh_requests WHERE materialization_due"
+        )
+        assert row is not None and row["n"] == 0
