@@ -175,18 +175,17 @@ SQUEEZED_COMPUTE_BUDGET_MS = 100
 # the same operations whatever the threads' timing): no compute would reach its
 # publication.
 PUBLICATION_LOCK_WAIT_AT = (0.15, 0.4)
-# A sync program holds a library's inventory state (an uncommitted captured write) past an
+# A sync program holds an item being observed (an uncommitted write of it) past the
 # observation's completion tries (3 x the 2 s lock timeout): at these fractions of the
 # run, after the publication lock waits and the server restart (a hold across the restart
 # is cut short; one beside a lock wait kept its publication from being found). The hold
-# begins once an observer asks for an item of the library, whose answer the stand-in
-# keeps until the hold has begun; no profile claim holds the library then, and one made
-# during the hold waits less than its lease (a Dagster run's is 10 s). The completion is
-# interrupted and the item given back due RETRY_POLICY.interrupted_seconds later; nobody
-# may send it again sooner. The harness's 3 s lease is shorter than those tries,
-# production's five minutes far longer: the held claims' leases are lengthened as
-# production's would cover them. The sync commits once a claim there is given back
-# interrupted, or after LIBRARY_HOLD_SECONDS, under the Dagster lease.
+# begins once an observer asks for the item, whose answer the stand-in keeps until the
+# sync's write is made; no profile claim holds the library then. The completion is
+# interrupted and the item given back, once the sync commits, due
+# RETRY_POLICY.interrupted_seconds later; nobody may send it again sooner. The harness's
+# 3 s lease is shorter than those tries, production's five minutes far longer: the held
+# claims' leases are lengthened as production's would cover them. The sync commits after
+# HOLD_PAST_TRIES_SECONDS; the give-back is waited for LIBRARY_HOLD_SECONDS.
 LIBRARY_HOLD_AT = (0.7, 0.9)
 LIBRARY_HOLD_SECONDS = 9.5
 # Holds tried per fixed point, each of another library, until one interrupts; each
@@ -194,6 +193,8 @@ LIBRARY_HOLD_SECONDS = 9.5
 # verification may come first).
 HOLD_ATTEMPTS = 3
 HOLD_ASK_SECONDS = 20
+# How long the sync holds the item: past the completion's three 2 s lock timeouts.
+HOLD_PAST_TRIES_SECONDS = 7.5
 LIBRARY_HOLD_LEASE_SECONDS = 10
 # The stand-in gzip-codes its answers from this fraction of the run, for at least
 # KEPT_FAULT_OPERATIONS operations (and as a drawn fault); each must be read as if uncoded.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from chaos.config import EXPECTED_RECORDED_SQLSTATES, RELEASE_JITTER_SECONDS, RETRY_POLICY
-from inventory_pipeline.db import Connection, fetch_all, fetch_one, jsonb
+from inventory_pipeline.db import Connection, execute, fetch_all, fetch_one, jsonb
 from inventory_pipeline.profiles import service as profiles
 from inventory_pipeline.profiles.generator import generate_profile
 from inventory_pipeline.stats import service
@@ -36,7 +36,9 @@ def _count(conn: Connection, sql: str) -> int:
 
 
 def outstanding(conn: Connection) -> dict[str, int]:
-    """Work not yet done; all zero means quiescent."""
+    """Work not yet done; all zero means quiescent. Captured changes are folded first
+    (the planner's first step): a change not yet folded is a dirty library too."""
+    execute(conn, "SELECT fold_inventory_changes()")
     return {
         "dirty libraries": _count(
             conn,
@@ -108,6 +110,7 @@ def describe_leases(conn: Connection) -> list[str]:
 def profiles_converged(conn: Connection) -> list[str]:
     """Every active library acknowledged at its revision, its profile equal to a
     from-scratch recomputation of its current projection (or absent when empty)."""
+    execute(conn, "SELECT fold_inventory_changes()")
     out: list[str] = []
     for row in fetch_all(conn, ACTIVE_LIBRARIES):
         library_id = int(row["id"])

@@ -32,6 +32,7 @@ from chaos.config import (
     EXPECTED_SQLSTATES,
     HOLD_ASK_SECONDS,
     HOLD_ATTEMPTS,
+    HOLD_PAST_TRIES_SECONDS,
     KEPT_FAULT_OPERATIONS,
     LARGE_EXERCISES,
     LARGE_IMPORT_SESSIONS,
@@ -164,6 +165,7 @@ HOLD_STEP = (
     "  UPDATE media_server_items SET observation_lease_expires_at"
     "   = now() + make_interval(secs => %(lease)s)"
     "  WHERE library_id = %(library_id)s AND observation_lease_token IS NOT NULL"
+    "  AND id <> %(id)s"  # the held item's lease is lengthened before it is held
     "  RETURNING id)"
     " SELECT EXISTS (SELECT 1 FROM chaos_interruptions x"
     "   JOIN chaos_item_givebacks g ON g.lease_token = x.lease_token"
@@ -691,6 +693,29 @@ class Workload:
                 with self.standin.state.lock:
                     self.standin.state.fault = previous
 
+    def writer_repeatable(self) -> None:
+        """A sync at REPEATABLE READ: it reads a library, a moment passes (a worker may
+        acknowledge the library meanwhile), then it adds items to it. Capture must not
+        abort it: a serialization failure here is a divergence. Only new rows are
+        written, so no other program's write conflicts with it."""
+        writer = self._writer()
+        library = self.rng.choice(self._library_ids())
+        rows = item_values(self.rng, self.rng.randint(1, 3))
+        for row in rows:
+            row["provider_id"] = str(self.rng.randint(1, 400))
+        execute(writer, "BEGIN ISOLATION LEVEL REPEATABLE READ")
+        try:
+            execute(
+                writer, "SELECT count(*) FROM media_server_items WHERE library_id = %s", (library,)
+            )
+            time.sleep(self.rng.uniform(0.3, 1.2))
+            insert_items(writer, library, rows)
+            execute(writer, "COMMIT")
+        except BaseException:
+            if not writer.closed:
+                execute(writer, "ROLLBACK")
+            raise
+
     def writer_rekey(self) -> None:
         """An UPDATE that gives items new ids (a sync re-keying its rows), half the time
         into another library: a delete of the old rows and an insert of new ones."""
@@ -1016,25 +1041,38 @@ class Workload:
             if not gate.arrived.wait(HOLD_ASK_SECONDS):
                 return "never asked"
             library = {**target, "since": datetime.now(UTC), **HOLD_CLOCKS}
+            execute(
+                aux,
+                "UPDATE media_server_items"
+                " SET observation_lease_expires_at = now() + make_interval(secs => %(lease)s)"
+                " WHERE id = %(id)s AND observation_lease_token IS NOT NULL",
+                library,
+            )
             execute(sync, "BEGIN")
             try:
-                execute(  # a change of a captured column: the library's state is held
+                execute(  # the sync writes the item being observed and holds it
                     sync,
                     "UPDATE media_server_items"
-                    " SET rating = CASE WHEN rating = 1 THEN 2 ELSE 1 END WHERE id = %(other)s",
+                    " SET rating = CASE WHEN rating = 1 THEN 2 ELSE 1 END WHERE id = %(id)s",
                     target,
                 )
                 self.standin.ungate(tmdb_id)
-                deadline = time.monotonic() + LIBRARY_HOLD_SECONDS
+                # Past the completion's tries, the held claims' leases lengthened as
+                # production's would cover them.
+                deadline = time.monotonic() + HOLD_PAST_TRIES_SECONDS
                 while time.monotonic() < deadline:
-                    row = fetch_one(aux, HOLD_STEP, library)
-                    if row is not None and row["interrupted"]:
-                        return "interrupted"
+                    fetch_one(aux, HOLD_STEP, library)
                     time.sleep(0.05)
-                end = fetch_one(aux, HELD_ITEM_END, library)
-                return f"not interrupted: {end['why'] if end else 'item gone'}"
             finally:
                 execute(sync, "COMMIT")
+            deadline = time.monotonic() + LIBRARY_HOLD_SECONDS
+            while time.monotonic() < deadline:  # the give-back waited for the commit
+                row = fetch_one(aux, HOLD_STEP, library)
+                if row is not None and row["interrupted"]:
+                    return "interrupted"
+                time.sleep(0.05)
+            end = fetch_one(aux, HELD_ITEM_END, library)
+            return f"not interrupted: {end['why'] if end else 'item gone'}"
         finally:
             self.standin.ungate(tmdb_id)
 
@@ -1326,6 +1364,7 @@ class Workload:
             ("writer_merge", self.writer_merge, 2),
             ("writer_copy", self.writer_copy, 2),
             ("writer_batch", self.writer_batch, 1.5),
+            ("writer_repeatable", self.writer_repeatable, 1.5),
             ("writer_rekey", self.writer_rekey, 1),
             ("rotate_key", self.rotate_key, 1),
             ("merge", self.merge, 2),

@@ -91,6 +91,8 @@ def items(
 
 
 def state(conn: Connection, library_id: int) -> dict[str, Any]:
+    """The library's state once the captured changes are folded."""
+    fetch_one(conn, "SELECT fold_inventory_changes()")
     row = fetch_one(
         conn,
         "SELECT revision, acknowledged_revision, dirty_since FROM library_inventory_state"

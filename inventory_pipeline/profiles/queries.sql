@@ -9,6 +9,10 @@
 -- ordinary updates of a library (name, active). Statements that touch only request rows
 -- (expire_leases, fail_claim, claim_requests) never wait while holding another lock.
 
+-- name: fold_changes
+-- docs/profiles.md#change-capture: the captured change rows become revisions.
+SELECT fold_inventory_changes() AS folded;
+
 -- name: expire_leases
 -- A running request whose lease ran out goes back to pending (or fails for good on its
 -- last attempt). The database, not Dagster, decides that a run worker is gone.
@@ -231,8 +235,12 @@ FROM (
 
 -- name: read_revision
 -- Read in the same REPEATABLE READ snapshot as the projection: the revision the
--- generated profile reflects.
-SELECT revision FROM library_inventory_state WHERE library_id = %(library_id)s;
+-- generated profile reflects, its change rows not yet folded included (a fold moves
+-- them into the state row in one transaction, so a snapshot counts each once).
+SELECT s.revision + (SELECT count(*) FROM library_inventory_changes c
+                     WHERE c.library_id = s.library_id) AS revision
+FROM library_inventory_state s
+WHERE s.library_id = %(library_id)s;
 
 -- name: read_snapshot
 -- The profile reader: the shared projection of every item of one library.

@@ -258,6 +258,11 @@ def fail_claim(
     )
 
 
+def fold_changes(conn: Connection) -> int:
+    row = fetch_one(conn, QUERIES["fold_changes"])
+    return int(row["folded"]) if row is not None else 0
+
+
 def materializations_due(conn: Connection, grace_seconds: float, limit: int) -> list[Row]:
     return fetch_all(
         conn, QUERIES["materializations_due"], {"grace_seconds": grace_seconds, "limit": limit}

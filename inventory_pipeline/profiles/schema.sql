@@ -204,22 +204,83 @@ AS $function$
     )::inventory_observation
 $function$;
 
--- Advance each library once, locking state rows in library-id order (a stable
--- library lock order). Libraries deleted in the same statement (cascades)
--- are skipped: their state goes with them.
+-- A captured change: one row per library for each statement that changed it
+-- (docs/profiles.md#change-capture). Writers only insert here: capture never makes a
+-- writer wait for another writer, nor fails a REPEATABLE READ or SERIALIZABLE writer
+-- because the worker acknowledged its library meanwhile. `fold_inventory_changes` turns
+-- the rows into revisions; every reader of revisions folds first.
+CREATE TABLE library_inventory_changes (
+    library_id bigint NOT NULL,
+    changed_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+-- Advance each library once for the statement: one change row per library.
 CREATE FUNCTION advance_inventory_revisions(library_ids bigint[])
  RETURNS void
  LANGUAGE sql
 AS $function$
-    INSERT INTO library_inventory_state AS s (library_id, revision, dirty_since, changed_at)
-    SELECT l.id, 1, now(), now()
-    FROM libraries l
-    WHERE l.id = ANY (library_ids)
-    ORDER BY l.id
-    ON CONFLICT (library_id) DO UPDATE
-    SET revision = s.revision + 1,
-        changed_at = now(),
-        dirty_since = COALESCE(s.dirty_since, now())
+    INSERT INTO library_inventory_changes (library_id)
+    SELECT DISTINCT changed.library_id FROM unnest(library_ids) AS changed (library_id)
+$function$;
+
+-- Fold the captured changes into revisions: each library's revision advances by its
+-- change rows (one per statement), its dirty_since is its first change not yet
+-- acknowledged. Only libraries whose library row (key share) and state row it can lock
+-- at once are folded, in library-id order: a fold never waits for a deletion in flight, a
+-- worker's completion or another fold, whose libraries it leaves to the next fold. The
+-- rows it folds are deleted and counted in one statement, so a revision counts each
+-- committed statement exactly once, however many fold at once. A library created
+-- without a state row (triggers off) gets one; the changes of a deleted library go.
+-- Returns the libraries advanced.
+CREATE FUNCTION fold_inventory_changes()
+ RETURNS bigint
+ LANGUAGE sql
+AS $function$
+    WITH pending AS (
+        SELECT DISTINCT library_id FROM library_inventory_changes
+    ),
+    held_states AS (
+        SELECT s.library_id
+        FROM library_inventory_state s
+        JOIN libraries l ON l.id = s.library_id
+        WHERE s.library_id IN (SELECT library_id FROM pending)
+        ORDER BY s.library_id
+        FOR KEY SHARE OF l SKIP LOCKED
+        FOR UPDATE OF s SKIP LOCKED
+    ),
+    held_without_state AS (
+        SELECT l.id AS library_id
+        FROM libraries l
+        WHERE l.id IN (SELECT library_id FROM pending)
+          AND NOT EXISTS (SELECT 1 FROM library_inventory_state s WHERE s.library_id = l.id)
+        ORDER BY l.id
+        FOR KEY SHARE SKIP LOCKED
+    ),
+    held AS (
+        SELECT library_id FROM held_states
+        UNION ALL
+        SELECT library_id FROM held_without_state
+    ),
+    gone AS (
+        DELETE FROM library_inventory_changes c
+        WHERE c.library_id IN (SELECT library_id FROM held)
+           OR NOT EXISTS (SELECT 1 FROM libraries l WHERE l.id = c.library_id)
+        RETURNING c.library_id, c.changed_at
+    ),
+    folded AS (
+        INSERT INTO library_inventory_state AS s (library_id, revision, dirty_since, changed_at)
+        SELECT g.library_id, count(*), min(g.changed_at), max(g.changed_at)
+        FROM gone g
+        WHERE g.library_id IN (SELECT library_id FROM held)
+        GROUP BY g.library_id
+        ORDER BY g.library_id
+        ON CONFLICT (library_id) DO UPDATE
+        SET revision = s.revision + EXCLUDED.revision,
+            changed_at = GREATEST(s.changed_at, EXCLUDED.changed_at),
+            dirty_since = COALESCE(s.dirty_since, EXCLUDED.dirty_since)
+        RETURNING 1
+    )
+    SELECT count(*) FROM folded
 $function$;
 
 CREATE FUNCTION capture_inventory_insert()
@@ -409,6 +470,7 @@ CREATE TRIGGER libraries_create_inventory_state AFTER INSERT ON libraries REFERE
 REVOKE ALL ON FUNCTION
     inventory_observation_of(media_server_items),
     advance_inventory_revisions(bigint[]),
+    fold_inventory_changes(),
     capture_inventory_insert(),
     capture_inventory_delete(),
     capture_inventory_update(),

@@ -58,6 +58,7 @@ def plan(conn: Connection, policy: RefreshPolicy) -> Plan:
     that already have active work once, not once per pass. A library passed over that becomes a
     candidate during the tick is planned by the next tick.
     """
+    repository.fold_changes(conn)
     expired = repository.expire_leases(conn, policy)
     inventory: list[PlannedRequest] = []
     after: DirtyPosition | None = None
@@ -90,6 +91,7 @@ def claimable(conn: Connection, limit: int) -> int:
 
 def dirty(conn: Connection, limit: int) -> int:
     """Libraries whose profile is behind their inventory, counted up to `limit`."""
+    repository.fold_changes(conn)
     return repository.count_dirty(conn, limit)
 
 
@@ -297,6 +299,7 @@ def backfill(
     waiting: dict[int, BackfillRequest] = {}
 
     def enqueue(chosen: Sequence[int]) -> None:
+        repository.fold_changes(conn)
         with transaction(conn):
             states = {row["library_id"]: row for row in repository.lock_states(conn, chosen)}
             requests = repository.request_backfill(conn, chosen)
@@ -440,6 +443,7 @@ def library_fingerprint(conn: Connection) -> LibrarySetFingerprint:
 
 
 def profile_status(conn: Connection, library_ids: Sequence[int]) -> list[ProfileStatus]:
+    repository.fold_changes(conn)
     return repository.profile_status(conn, library_ids)
 
 
@@ -463,6 +467,7 @@ def stalled_libraries(
     most `limit`, after the position (dirty since, library id) of the last one a previous
     page held. An inactive library waits by design: paused, not stalled. Reads only: it
     claims and leases nothing."""
+    repository.fold_changes(conn)
     return repository.stalled_libraries(conn, policy.stall_seconds, limit, after)
 
 
@@ -471,10 +476,12 @@ def acknowledged_revisions(
 ) -> dict[int, tuple[int, bool]]:
     """Each library's acknowledged revision and whether it is paused (its library or
     server inactive); deleted libraries are absent."""
+    repository.fold_changes(conn)
     return repository.acknowledged_revisions(conn, library_ids)
 
 
 def queue_overview(conn: Connection) -> QueueOverview:
+    repository.fold_changes(conn)
     return repository.queue_overview(conn)
 
 

@@ -54,6 +54,7 @@ GATES = {
     "item_update": "BEFORE UPDATE ON media_server_items FOR EACH ROW",
     "capture": "AFTER UPDATE ON media_server_items FOR EACH STATEMENT",
     "state_update": "BEFORE UPDATE ON library_inventory_state FOR EACH ROW",
+    "change_insert": "BEFORE INSERT ON library_inventory_changes FOR EACH ROW",
 }
 
 
@@ -253,6 +254,7 @@ class Scenario:
 def stocked(conn: Connection, world: World) -> None:
     for n, library in enumerate(world.libraries):
         f.items(conn, library, 6, seed=n + 1)
+    execute(conn, "SELECT fold_inventory_changes()")  # the revisions the planner reads
 
 
 def claimed(conn: Connection, world: World) -> None:
@@ -526,7 +528,7 @@ SCENARIOS = [
         observation_claimed,
         run_observation_complete,
         check_outcomes("observed"),
-        ("item_update", "capture", "state_update"),
+        ("item_update", "capture", "change_insert"),
     ),
     Scenario(
         "observation_failed",
@@ -765,8 +767,8 @@ def test_a_backfill_never_waits_while_holding_a_library(
     execute(deleter.conn, "SET enable_bitmapscan = off")
     with transaction(writer.conn):
         execute(
-            writer.conn,  # change capture holds the library's state row until commit
-            "UPDATE media_server_items SET rating = 1 WHERE library_id = %s",
+            writer.conn,  # another transaction (a completion) holds the library's state
+            "SELECT 1 FROM library_inventory_state WHERE library_id = %s FOR UPDATE",
             (world.library,),
         )
         backfiller.start(lambda c: run_backfill_enqueue(c, world))

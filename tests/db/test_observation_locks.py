@@ -228,9 +228,5 @@ def test_a_library_a_restore_created_without_its_state_is_observed(
     result = service.observe_claim(conn, claim, client, settings, POLICY)
     assert result.outcome == "observed", result
     assert f.item(conn, item)["original_language"] is not None
-    state = fetch_one(
-        conn,
-        "SELECT revision, acknowledged_revision FROM library_inventory_state WHERE library_id = %s",
-        (library,),
-    )
-    assert state is not None and state["revision"] > state["acknowledged_revision"]
+    state = f.state(conn, library)
+    assert state["revision"] > state["acknowledged_revision"]
