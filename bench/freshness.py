@@ -180,6 +180,7 @@ def one_run(
         with daemon(admin_url, url, {}):
             deadline = time.monotonic() + 120  # the initial load settles first
             while time.monotonic() < deadline:
+                execute(conn, "SELECT fold_inventory_changes()")
                 row = fetch_one(
                     conn,
                     "SELECT count(*) AS n FROM library_inventory_state"
@@ -215,6 +216,7 @@ def one_run(
                         " (SELECT min(id) FROM media_server_items WHERE library_id = %s)",
                         (round(rng.uniform(0, 10), 1), library),
                     )
+                    execute(conn, "SELECT fold_inventory_changes()")  # the write's revision
                     rev = fetch_one(
                         conn,
                         "SELECT revision FROM library_inventory_state WHERE library_id = %s",

@@ -95,6 +95,7 @@ def burst(admin_url: str, libraries: int, extra_env: dict[str, str], limit: floa
             start = time.monotonic()
             execute(conn, ITEMS, {"libraries": libraries})
             while time.monotonic() - start < limit:
+                execute(conn, "SELECT fold_inventory_changes()")
                 row = fetch_one(conn, PENDING)
                 if row is not None and row["n"] == 0:
                     return time.monotonic() - start

@@ -97,6 +97,7 @@ def load(url: str, libraries: int, items: int | None = None) -> None:
         for first in range(1, libraries + 1, step):
             last = min(libraries, first + step - 1)
             execute(conn, ITEMS, {"first": first, "last": last, "items": items})
+        execute(conn, "SELECT fold_inventory_changes()")  # the load's changes
         execute(conn, ACKNOWLEDGE_ALL)
         execute(conn, "VACUUM ANALYZE")
 
@@ -156,6 +157,7 @@ def burst(
             start = time.monotonic()
             samples: list[tuple[float, int]] = [(0.0, 0)]
             while True:
+                execute(conn, "SELECT fold_inventory_changes()")
                 row = fetch_one(conn, ACKNOWLEDGED)
                 assert row is not None
                 elapsed = time.monotonic() - start

@@ -150,6 +150,7 @@ def test_the_backlog_turns_its_libraries_dirty_at_once(
     workload: Workload, conn: Connection
 ) -> None:
     workload.backlog()
+    execute(conn, "SELECT fold_inventory_changes()")
     row = fetch_one(
         conn,
         "SELECT count(*) AS n, min(revision) AS lo, max(revision) AS hi,"

@@ -161,6 +161,7 @@ def test_backlog_larger_than_run_capacity_spends_no_attempt_on_expired_leases(
             with connect(db_url) as conn:
                 deadline = time.monotonic() + 900
                 while time.monotonic() < deadline:
+                    execute(conn, "SELECT fold_inventory_changes()")
                     row = fetch_one(
                         conn,
                         "SELECT count(*) FILTER (WHERE revision > acknowledged_revision) AS dirty,"

@@ -174,6 +174,7 @@ def test_every_evaluation_of_the_check_carries_its_ranges_figures(
     [refreshed] = refresh(conn, db_url, instance).get_asset_check_evaluations()
     assert RANGE_FIGURES <= set(refreshed.metadata)
     f.items(conn, stalled, 6, seed=11)
+    execute(conn, "SELECT fold_inventory_changes()")  # the change is a revision
     execute(
         conn,
         "UPDATE library_inventory_state SET dirty_since = now() - interval '2 hours'"

@@ -31,6 +31,7 @@ def instance() -> Iterator[dg.DagsterInstance]:
 def stalled(conn: Connection, library_id: int, hours: float) -> None:
     """Items in the library, its change waiting `hours`."""
     f.items(conn, library_id, 5)
+    execute(conn, "SELECT fold_inventory_changes()")  # the change is a revision
     execute(
         conn,
         "UPDATE library_inventory_state SET dirty_since = now() - make_interval(hours => %s)"

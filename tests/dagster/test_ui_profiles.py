@@ -244,6 +244,7 @@ def test_backfill_of_chosen_partitions_and_what_the_partition_tabs_show(
 
     # A library nothing refreshes turns red once it waits beyond the threshold: the
     # staleness sensor's evaluation, reported as the daemon reports sensor events.
+    execute(app, "SELECT fold_inventory_changes()")  # the change is a revision
     execute(
         app,
         "UPDATE library_inventory_state SET dirty_since = now() - interval '1 hour'"

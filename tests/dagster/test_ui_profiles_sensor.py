@@ -333,6 +333,7 @@ def test_failed_check_says_why(conn: Connection, db_url: str) -> None:
     late = f.library(conn, name="late")
     f.items(conn, late, 2)
     assert late // ranges.PARTITION_WIDTH == lib // ranges.PARTITION_WIDTH
+    execute(conn, "SELECT fold_inventory_changes()")  # the change is a revision
     execute(
         conn,
         "UPDATE library_inventory_state SET dirty_since = now() - interval '16 minutes'"
@@ -467,6 +468,7 @@ def test_stalled_library_fails_its_check_without_a_run_or_a_claim(
     for lib in (stalled, fresh, elsewhere):
         f.items(conn, lib, 6)
     instance.add_dynamic_partitions(PARTITIONS, [key_of(stalled), key_of(elsewhere)])
+    execute(conn, "SELECT fold_inventory_changes()")  # the change is a revision
     execute(
         conn,
         "UPDATE library_inventory_state SET dirty_since = now() - interval '2 hours'"
