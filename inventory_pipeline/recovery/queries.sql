@@ -125,11 +125,10 @@ ON CONFLICT (library_id) DO NOTHING;
 -- docs/provider-recovery.md#lock-order.
 -- The second statement of an observed completion's transaction: the item's library (key
 -- share: a deletion in flight is waited for, after which nothing is returned), then the
--- library's inventory state (the lock the change capture of the observed original
--- language takes). The library is locked in the scalar subquery, which runs before the
--- state row is read. A sync program holds the state from its first captured statement
--- to its commit and may write the item next: the completion waits for the state while
--- holding no item, and then takes the item without waiting.
+-- library's inventory state, in the profiles' lock order (library, state, then rows).
+-- The library is locked in the scalar subquery, which runs before the state row is
+-- read. The completion waits here holding no item, and then takes the item without
+-- waiting (a sync program holds the items it writes until it commits).
 SELECT s.library_id
 FROM library_inventory_state s
 WHERE s.library_id = (
