@@ -72,4 +72,5 @@ UPDATE media_server_items SET synced_at = now(), plot = plot || '.';
 TRUNCATE media_server_items;
 
 -- name: revisions
-SELECT coalesce(sum(revision), 0)::bigint AS total FROM library_inventory_state;
+SELECT (SELECT coalesce(sum(revision), 0) FROM library_inventory_state)
+       + (SELECT count(*) FROM library_inventory_changes) AS total;
