@@ -6,6 +6,8 @@ CREATE TABLE library_inventory_changes (
     library_id bigint NOT NULL,
     changed_at timestamp with time zone DEFAULT now() NOT NULL
 );
+-- A library's rows, for the readers that count them (`read_revision`, `profile_status`).
+CREATE INDEX library_inventory_changes_library ON library_inventory_changes USING btree (library_id);
 
 CREATE OR REPLACE FUNCTION advance_inventory_revisions(library_ids bigint[])
  RETURNS void
@@ -46,8 +48,14 @@ AS $function$
     ),
     gone AS (
         DELETE FROM library_inventory_changes c
-        WHERE c.library_id IN (SELECT library_id FROM held)
-           OR NOT EXISTS (SELECT 1 FROM libraries l WHERE l.id = c.library_id)
+        USING (
+            SELECT x.ctid
+            FROM library_inventory_changes x
+            WHERE x.library_id IN (SELECT library_id FROM held)
+               OR NOT EXISTS (SELECT 1 FROM libraries l WHERE l.id = x.library_id)
+            FOR UPDATE SKIP LOCKED
+        ) AS taken
+        WHERE c.ctid = taken.ctid
         RETURNING c.library_id, c.changed_at
     ),
     folded AS (

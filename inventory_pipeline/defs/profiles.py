@@ -177,7 +177,10 @@ def log_completions(
             )
         )
     record_checks(context, by_range, stall_seconds)
-    service.materialized(conn, [c.request_id for lib in done.values() for c in lib.values()])
+    # Every completion the batch recorded, a library's earlier ones too.
+    service.materialized(
+        conn, [c.request_id for c in completions if c.outcome in ("published", "removed")]
+    )
 
 
 def log_late_completions(

@@ -433,10 +433,11 @@ FROM libraries;
 -- name: profile_status
 -- Is each library's profile current with its revision, how long has it been dirty, and
 -- what a reader needs to recognise it: name, media server, when its profile was
--- published and which traits it publishes.
-SELECT s.library_id, s.revision, s.acknowledged_revision,
+-- published and which traits it publishes. The change rows not yet folded count (a
+-- fold skips a library whose state another transaction holds).
+SELECT s.library_id, s.revision + c.changes AS revision, s.acknowledged_revision,
        p.inventory_revision AS profile_revision, p.item_count, p.generated_at,
-       extract(epoch FROM now() - s.dirty_since)::float8 AS dirty_seconds,
+       extract(epoch FROM now() - COALESCE(s.dirty_since, c.first_at))::float8 AS dirty_seconds,
        (SELECT count(*) FROM media_server_items i WHERE i.library_id = s.library_id) AS items,
        l.name, l.media_kind, m.name AS server_name, m.kind AS server_kind,
        NOT (l.active AND m.active) AS paused,
@@ -446,6 +447,11 @@ FROM library_inventory_state s
 JOIN libraries l ON l.id = s.library_id
 JOIN media_servers m ON m.id = l.server_id
 LEFT JOIN library_profiles p ON p.library_id = s.library_id
+CROSS JOIN LATERAL (
+    SELECT count(*) AS changes, min(x.changed_at) AS first_at
+    FROM library_inventory_changes x
+    WHERE x.library_id = s.library_id
+) AS c
 WHERE s.library_id = ANY (%(library_ids)s)
 ORDER BY s.library_id;
 

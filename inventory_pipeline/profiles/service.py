@@ -299,8 +299,11 @@ def backfill(
     waiting: dict[int, BackfillRequest] = {}
 
     def enqueue(chosen: Sequence[int]) -> None:
-        repository.fold_changes(conn)
         with transaction(conn):
+            # Held, the libraries' changes are folded by this transaction's own fold (a
+            # fold skips a state row another transaction holds); then their revisions.
+            repository.lock_states(conn, chosen)
+            repository.fold_changes(conn)
             states = {row["library_id"]: row for row in repository.lock_states(conn, chosen)}
             requests = repository.request_backfill(conn, chosen)
         for library_id in chosen:

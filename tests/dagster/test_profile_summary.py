@@ -11,7 +11,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from inventory_pipeline.db import Connection, connect, execute
+from inventory_pipeline.db import Connection, connect, execute, fetch_one
 from inventory_pipeline.defs import profile_checks, profile_metadata
 from inventory_pipeline.defs import profile_ranges as ranges
 from inventory_pipeline.defs import profiles as profile_defs
@@ -119,6 +119,11 @@ def test_a_library_refreshed_twice_in_one_run_is_listed_once(
     assert sorted(listed) == [films, shows]
     assert listed[films]["profile_revision"] == f.revision(conn, films)
     assert listed[films]["item_count"] == 9
+    # Both of the library's completions are recorded: none is left for a late record.
+    due = fetch_one(
+        conn, "SELECT count(*) AS n FROM profile_refresh_requests WHERE materialization_due"
+    )
+    assert due is not None and due["n"] == 0
 
 
 def test_backfill_and_sensor_runs_speak_one_vocabulary(

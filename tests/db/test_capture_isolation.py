@@ -74,3 +74,23 @@ def test_two_writers_in_opposite_library_orders_both_commit(conn: Connection, db
     assert (f.revision(conn, a), f.revision(conn, b)) == (before[0] + 2, before[1] + 2)
     row = fetch_one(conn, "SELECT count(*) AS n FROM library_inventory_changes")
     assert row is not None and row["n"] == 0  # folded
+
+
+def test_the_check_counts_a_change_a_fold_passed_over(conn: Connection, db_url: str) -> None:
+    """A fold skips a library whose state row another transaction holds (a completion):
+    the check's statuses still count the library's change rows, so a change is never
+    read as current."""
+    lib = f.library(conn)
+    f.items(conn, lib, 6)
+    service.refresh(conn, POLICY)
+    with connect(db_url) as holder:
+        execute(holder, "BEGIN")
+        execute(
+            holder, "SELECT 1 FROM library_inventory_state WHERE library_id = %s FOR UPDATE", (lib,)
+        )
+        f.items(conn, lib, 1, seed=7)
+        [status] = service.profile_status(conn, [lib])
+        assert (status.revision, status.acknowledged_revision) == (2, 1)
+        assert status.dirty_seconds is not None
+        execute(holder, "ROLLBACK")
+    assert f.revision(conn, lib) == 2
