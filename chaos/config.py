@@ -200,6 +200,8 @@ LIBRARY_HOLD_LEASE_SECONDS = 10
 # KEPT_FAULT_OPERATIONS operations (and as a drawn fault); each must be read as if uncoded.
 COMPRESS_AT = 0.1
 KEPT_FAULT_OPERATIONS = 24
+# How many operations more a kept fault stays while no answer has carried it.
+KEPT_FAULT_MAX_EXTRA = 160
 # The stand-in answers with a nested gzip bomb (a few KiB that decode to 256 MiB) from this
 # fraction of the run, as the compression above (and as a drawn fault): each
 # must end as an invalid_response without an observer's memory growing past

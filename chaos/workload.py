@@ -33,6 +33,7 @@ from chaos.config import (
     HOLD_ASK_SECONDS,
     HOLD_ATTEMPTS,
     HOLD_PAST_TRIES_SECONDS,
+    KEPT_FAULT_MAX_EXTRA,
     KEPT_FAULT_OPERATIONS,
     LARGE_EXERCISES,
     LARGE_IMPORT_SESSIONS,
@@ -239,8 +240,13 @@ class Workload:
     storms: list[tuple[float, float]] = field(default_factory=list)  # epoch seconds
     storm_started: float | None = None
     storm_left: int = 0
-    kept_owed: tuple[str, dict[str, Any]] | None = None  # a fixed point's fault a storm held
+    # Fixed points' faults a storm or another kept fault held back, in order.
+    kept_owed: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     kept_left: int = 0  # operations in which a fixed point's provider fault stays set
+    kept_fault: str | None = None  # that fault's name and options
+    kept_options: dict[str, Any] = field(default_factory=dict)
+    kept_seen: int = 0  # the stand-in's answers with that fault when it was set
+    kept_extended: int = 0  # operations it was kept past KEPT_FAULT_OPERATIONS, unmet
     # The stats side: accounts past one compute batch, users emptied for good, budget
     # squeezes, rebuilds beside the writes.
     large_users: list[uuid.UUID] = field(default_factory=list)
@@ -541,6 +547,10 @@ class Workload:
         recorded so the requests that reached the stand-in can be counted."""
         if self.storm_started is not None:
             return
+        if self.kept_left and not self._kept_met() and self.kept_fault is not None:
+            # The storm replaces a kept fault no answer has carried yet: kept again after.
+            self.kept_owed.insert(0, (self.kept_fault, self.kept_options))
+            self.kept_left = 0
         self.standin.set_fault("throttle", retry_after=STORM_RETRY_AFTER)
         self.storm_started = time.time()
         self.storm_left = STORM_OPERATIONS
@@ -1249,12 +1259,33 @@ class Workload:
 
     def keep_fault(self, fault: str, options: dict[str, Any]) -> None:
         """A fixed point's provider fault, kept for KEPT_FAULT_OPERATIONS operations
-        (drawn faults wait), so that observers meet it whatever the draw."""
-        if self.storm_left:
-            self.kept_owed = (fault, options)  # set when the storm ends
+        (drawn faults wait), and past them until an answer has carried it (observers may
+        be paused by a throttle or a wrong key meanwhile), at most KEPT_FAULT_MAX_EXTRA
+        more. One that comes during a storm, or while another is kept unmet, waits."""
+        if self.storm_left or (self.kept_left and not self._kept_met()):
+            self.kept_owed.append((fault, options))  # set when the storm or the kept one ends
             return
         self.standin.set_fault(fault, **options)
         self.kept_left = KEPT_FAULT_OPERATIONS
+        self.kept_fault, self.kept_options = fault, options
+        self.kept_seen = self._answers_with(fault)
+        self.kept_extended = 0
+
+    def _answers_with(self, fault: str | None) -> int:
+        """The stand-in's answers that carried a kept fault so far."""
+        state = self.standin.state
+        return {"compress": state.compressed, "encoded": state.encoded}.get(fault or "", 0)
+
+    def _kept_met(self) -> bool:
+        return self._answers_with(self.kept_fault) > self.kept_seen
+
+    def _tick_kept(self) -> None:
+        if self.kept_left > 1 or self._kept_met() or self.kept_extended >= KEPT_FAULT_MAX_EXTRA:
+            self.kept_left -= 1
+        else:
+            self.kept_extended += 1
+        if not self.kept_left and self.kept_owed and not self.storm_left:
+            self.keep_fault(*self.kept_owed.pop(0))
 
     def merge(self, count: int = 1) -> None:
         """TMDb folds observed records into others (chaos/replacements.py)."""
@@ -1387,9 +1418,8 @@ class Workload:
             self.storm_left -= 1
             if not self.storm_left:
                 self.end_storm()
-                if self.kept_owed is not None:
-                    self.keep_fault(*self.kept_owed)
-                    self.kept_owed = None
+                if self.kept_owed:
+                    self.keep_fault(*self.kept_owed.pop(0))
         if self.squeeze_left:
             self.squeeze_left -= 1
             if not self.squeeze_left:
@@ -1397,7 +1427,7 @@ class Workload:
         if self.calm_left:
             self.calm_left -= 1
         if self.kept_left:
-            self.kept_left -= 1
+            self._tick_kept()
 
     def apply(self, name: str, apply: Callable[[], None]) -> None:
         if self.conn.closed and self.reconnect is not None:
