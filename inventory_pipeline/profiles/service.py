@@ -446,7 +446,7 @@ def library_fingerprint(conn: Connection) -> LibrarySetFingerprint:
 
 
 def profile_status(conn: Connection, library_ids: Sequence[int]) -> list[ProfileStatus]:
-    repository.fold_changes(conn)
+    """Each library's status; its change rows not yet folded count (no fold needed)."""
     return repository.profile_status(conn, library_ids)
 
 
@@ -468,8 +468,8 @@ def stalled_libraries(
 ) -> list[StalledLibrary]:
     """Active libraries dirty for longer than `policy.stall_seconds`, oldest first, at
     most `limit`, after the position (dirty since, library id) of the last one a previous
-    page held. An inactive library waits by design: paused, not stalled. Reads only: it
-    claims and leases nothing."""
+    page held. An inactive library waits by design: paused, not stalled. It folds the
+    captured changes first, and claims and leases nothing."""
     repository.fold_changes(conn)
     return repository.stalled_libraries(conn, policy.stall_seconds, limit, after)
 
@@ -478,8 +478,7 @@ def acknowledged_revisions(
     conn: Connection, library_ids: Sequence[int]
 ) -> dict[int, tuple[int, bool]]:
     """Each library's acknowledged revision and whether it is paused (its library or
-    server inactive); deleted libraries are absent."""
-    repository.fold_changes(conn)
+    server inactive); deleted libraries are absent. A fold changes neither."""
     return repository.acknowledged_revisions(conn, library_ids)
 
 
